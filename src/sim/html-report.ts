@@ -150,7 +150,7 @@ export function renderHtmlReport(
 <h1>Simulation of ${esc(report.trace)}</h1>
 <p>${count(report.requests, 'request')} on ${count(report.workers, 'simulated worker')}, arrival speed ×${report.speed}. Bounds no policy can pass: infinite-cache hit rate ${(report.bounds.infiniteCacheHitRate * 100).toFixed(1)}%, ideal mean TTFT ${report.bounds.idealTtftMean.toFixed(3)} s.</p>
 ${settings ? settingsLine(settings) : ''}
-${[...own, ...warnings].join('\n')}
+${rejectedLine(report)}${[...own, ...warnings].join('\n')}
 <div class="scroll"><table><thead><tr>${headers.map((h) => `<th>${h}</th>`).join('')}</tr></thead><tbody>
 ${rows.join('\n')}
 </tbody></table></div>
@@ -164,6 +164,17 @@ ${ttftCdf(results, report.requests)}
 ${results.map((r) => `<h3>${esc(r.policy)}</h3>${loadChart(r, runEnd, workerEvents)}`).join('\n')}
 </body></html>
 `;
+}
+
+/**
+ * The requests every policy rejected alike, said in words (the table's column alone is easy to
+ * miss, and the CDF levels off below 100% for them); unequal counts have their own warning.
+ */
+function rejectedLine(report: ComparisonReport): string {
+  const counts = report.policies.map((p) => p.rejected ?? 0);
+  const n = counts[0] ?? 0;
+  if (n === 0 || counts.some((c) => c !== n)) return '';
+  return `<p>${n} of the ${count(report.requests, 'request')} (${pctOf(n, report.requests)}) ${n === 1 ? 'was' : 'were'} rejected by ${report.policies.length === 1 ? 'the policy' : 'every policy'}: longer than an engine serves (<code>--max-model-len</code>, capped at its KV tokens), or no worker could take ${n === 1 ? 'it' : 'them'}. Hit rate and TTFT cover the requests answered.</p>\n`;
 }
 
 /** `w3@600s`, as the flags take it. */

@@ -110,6 +110,25 @@ describe('the run report', () => {
     assert.doesNotMatch(html, /too short to chart/);
   });
 
+  test('requests every policy rejected are said in words, with their share', () => {
+    // 1,500-token prompts over a 1,000-token context: all 12 refused, by both policies
+    const small = { workers: 2, engine: { maxModelLen: 1000 } };
+    const both = comparePolicies('small', trace, ['cost', 'round-robin'], small);
+    assert.deepEqual(
+      both.report.policies.map((p) => p.rejected),
+      [12, 12],
+    );
+    const html = renderHtmlReport(both.report, both.results);
+    assert.match(
+      html,
+      /<p>12 of the 24 requests \(50\.0%\) were rejected by every policy: longer than an engine serves/,
+    );
+    // unequal rejections have their warning instead; none, no line
+    assert.doesNotMatch(renderHtmlReport(report, results), /rejected by every policy/);
+    const none = comparePolicies('none', trace.slice(1, 4), ['cost'], { workers: 2 });
+    assert.doesNotMatch(renderHtmlReport(none.report, none.results), /were rejected|was rejected/);
+  });
+
   test('the report names the settings that produced it and the scenario counts', () => {
     const scenario = {
       workerKvTokens: [1000, 2_000_000],
