@@ -162,6 +162,29 @@ const ownHex = (from: number, blocks: number) => {
   return Array.from({ length: h.length }, (_, i) => h.toHex(i));
 };
 
+/**
+ * A publisher bound again on the ports of one just closed, as an engine that restarts binds them:
+ * ZeroMQ releases a closed socket's port on its own I/O thread, after close() returns, so the
+ * bind is tried until the port is free (or the deadline).
+ */
+async function publisherAgainOn(endpoint: string, replayEndpoint?: string): Promise<KvEventPublisher> {
+  let started: KvEventPublisher | undefined;
+  await until(
+    async () => {
+      try {
+        started = await new KvEventPublisher({ endpoint, replayEndpoint }).start();
+        return true;
+      } catch (err) {
+        if ((err as { code?: unknown }).code !== 'EADDRINUSE') throw err;
+        return false;
+      }
+    },
+    `${endpoint} to be free to bind again`,
+    { intervalMs: 20 },
+  );
+  return started!;
+}
+
 describe('KV events over ZeroMQ', () => {
   for (const encoding of ['map', 'array'] as const) {
     test(`the index follows what the engine reports storing and evicting (${encoding} encoding)`, async () => {
@@ -238,7 +261,7 @@ describe('KV events over ZeroMQ', () => {
     // the connection drops: the engine's state is unknown, its entries go
     await until(() => sub.stats.disconnects === 1, 'the disconnect');
     assert.equal(router.route({ tokens: tokens(0, 8) }, { dryRun: true }).cachedTokens, 0);
-    const restarted = await new KvEventPublisher({ endpoint, replayEndpoint }).start();
+    const restarted = await publisherAgainOn(endpoint, replayEndpoint);
     closers.push(() => restarted.close());
     // one batch only: if it is lost while the subscriber reconnects, the replay recovers it
     await restarted.publish(batch(stored([9n], null, 200)));
@@ -1076,7 +1099,7 @@ describe('KV events: replays against the live stream, sequence numbers', () => {
     );
     // the engine restarts meanwhile: ZeroMQ reconnects at once, which the watch must see
     await pub.close();
-    restarted.pub = await new KvEventPublisher({ endpoint }).start();
+    restarted.pub = await publisherAgainOn(endpoint);
     await until(() => sub.stats.disconnects === 1, 'the disconnect');
     await until(() => sub.stats.replayFailures >= 2, 'the replay holding the stream to end', { timeoutMs: 20_000 });
     assert.equal(sub.stats.sessionsRestarted, 0, 'ZeroMQ reconnected of itself');
