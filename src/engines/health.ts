@@ -24,6 +24,8 @@ export function isProbeTimeout(detail: string): boolean {
 export class WorkerHealth {
   /** The sources holding each worker out, each with whether its probe only timed out. */
   private readonly down = new Map<string, Map<HealthVerdictSource, boolean>>();
+  /** Workers added while the gateway runs whose first health check has not passed or failed yet (holdUntilChecked). */
+  private readonly unchecked = new Set<string>();
   private readonly listeners: Array<(workerId: string, available: boolean, detail: string) => void> = [];
 
   constructor(
@@ -47,6 +49,10 @@ export class WorkerHealth {
       reasons.set(source, (source === 'health-check' || source === 'metrics') && isProbeTimeout(detail));
     }
     const isUp = reasons === undefined || reasons.size === 0;
+    const first = source === 'health-check' && this.unchecked.delete(workerId);
+    // a first check that failed keeps the worker where it was put, out: said once, as a flip is
+    if (first && !healthy)
+      this.log?.(`${workerId} stays out of rotation: its first health check failed${detail ? ` (${detail})` : ''}`);
     if (wasUp === isUp) return;
     try {
       this.router.setWorkerHealth(workerId, isUp);
@@ -54,9 +60,26 @@ export class WorkerHealth {
       return; // the worker was removed meanwhile
     }
     this.log?.(
-      `${workerId} is ${isUp ? 'back in rotation' : `out of rotation (${source}${detail ? `: ${detail}` : ''})`}`,
+      `${workerId} is ${isUp ? (first ? 'in rotation (its first health check passed)' : 'back in rotation') : `out of rotation (${source}${detail ? `: ${detail}` : ''})`}`,
     );
     for (const listener of this.listeners) listener(workerId, isUp, detail);
+  }
+
+  /**
+   * Holds a worker added while the gateway runs out of rotation until its first health check
+   * passes (as Envoy's ignore_new_hosts_until_first_hc, and a Kubernetes readiness probe, keep a
+   * new endpoint out): an engine that refuses, fails or leads back to the gateway must not take
+   * requests before any check looked at it. Recorded as the health check's verdict, not a timed-out
+   * one (panic routing passes it over); no listener is told: the worker never took a request. Its
+   * first verdict from the health check is logged (set()).
+   */
+  holdUntilChecked(workerId: string): void {
+    const held = this.down.get(workerId) ?? new Map<HealthVerdictSource, boolean>();
+    const wasUp = held.size === 0;
+    held.set('health-check', false);
+    this.down.set(workerId, held);
+    this.unchecked.add(workerId);
+    if (wasUp) this.router.setWorkerHealth(workerId, false);
   }
 
   /** Calls `listener` whenever a worker enters or leaves rotation (with the verdict's detail). */
@@ -95,6 +118,7 @@ export class WorkerHealth {
 
   forget(workerId: string): void {
     this.down.delete(workerId);
+    this.unchecked.delete(workerId);
   }
 }
 
@@ -130,6 +154,8 @@ interface ProbeState extends CheckStreak {
   probes: number;
   failures: number;
   lastError?: string;
+  /** A probe of it is under way (checkNow() and a round do not probe it twice at once). */
+  probing: boolean;
 }
 
 /**
@@ -144,6 +170,8 @@ export class HealthChecker {
   private readonly failuresToUnhealthy: number;
   private readonly successesToHealthy: number;
   private readonly headers: Readonly<Record<string, string>> | undefined;
+  /** Between start() and stop(): checkNow() probes only then. */
+  private running = false;
 
   constructor(
     private readonly health: WorkerHealth,
@@ -158,15 +186,26 @@ export class HealthChecker {
     this.headers = options.headers;
   }
 
-  add(workerId: string, baseUrl: string): void {
+  /**
+   * Probes the worker from the next round on. `untilChecked`: it starts unhealthy (the caller
+   * holds it out, WorkerHealth.holdUntilChecked), and `successesToHealthy` good probes in a row
+   * bring it in; a failed one keeps it out, saying why.
+   */
+  add(workerId: string, baseUrl: string, untilChecked = false): void {
     this.probes.set(workerId, {
       url: `${baseUrl.replace(/\/+$/, '')}/health`,
       consecutiveFailures: 0,
       consecutiveSuccesses: 0,
-      healthy: true,
+      healthy: !untilChecked,
       probes: 0,
       failures: 0,
+      probing: false,
     });
+  }
+
+  /** Probes the worker now, not at the next round (a worker just added); nothing once stopped. */
+  checkNow(workerId: string): void {
+    if (this.running) void this.probe(workerId);
   }
 
   remove(workerId: string): void {
@@ -178,11 +217,13 @@ export class HealthChecker {
   }
 
   start(): this {
+    this.running = true;
     this.pollLoop.start();
     return this;
   }
 
   stop(): void {
+    this.running = false;
     this.pollLoop.stop();
   }
 
@@ -192,7 +233,8 @@ export class HealthChecker {
 
   private async probe(workerId: string): Promise<void> {
     const p = this.probes.get(workerId);
-    if (!p) return;
+    if (!p || p.probing) return;
+    p.probing = true;
     p.probes++;
     let error: string | undefined;
     try {
@@ -208,6 +250,7 @@ export class HealthChecker {
     } catch (err) {
       error = (err as Error).message;
     }
+    p.probing = false;
     if (this.probes.get(workerId) !== p) return; // removed while probing
     if (error !== undefined) {
       p.failures++;

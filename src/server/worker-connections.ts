@@ -523,10 +523,16 @@ export class WorkerConnections {
   /**
    * Checks a worker's settings, registers it (each rank) and starts its pool, subscribers, scrapes
    * and checks. `configured`: given at start (flags, config file), not added while running (the
-   * admin API, another replica), which may name only the engine-key variables EngineKeyEnvs allows.
+   * admin API, DNS discovery, another replica, the shared registry), which may name only the
+   * engine-key variables EngineKeyEnvs allows, and, with health checks on, stays out of rotation
+   * until its first health check passes (each rank on its own), that check sent at once: until
+   * then nothing shows it can serve, and an engine that refuses or fails, or a URL leading back
+   * to the gateway, would draw requests first (policies prefer an idle newcomer). A configured
+   * worker takes requests from the start, the gateway ready with it (its first round runs at once).
    */
   add(input: WorkerRecord, configured = false): WorkerRecord {
     const { router, applier, log } = this.options;
+    const untilChecked = !configured && this.checker !== undefined;
     // ids: letters, digits and . _ : - ('#' is reserved for data-parallel ranks, ID#r)
     const w = parseWorkerRecord(input, `worker ${typeof input?.id === 'string' ? input.id.slice(0, 64) : '(no id)'}`);
     let apiKey: string | undefined;
@@ -658,7 +664,8 @@ export class WorkerConnections {
           url: w.metrics ?? `${base}/metrics`,
           engine: dpSize > 1 ? String(r) : undefined,
         });
-        this.checker?.add(id, base);
+        this.checker?.add(id, base, untilChecked);
+        if (untilChecked) this.options.health.holdUntilChecked(id);
       });
     } catch (err) {
       undo();
@@ -672,6 +679,7 @@ export class WorkerConnections {
     this.groups.set(w.id, ids);
     this.modelsChanged();
     void this.readAdapters(w.id);
+    if (untilChecked) for (const id of ids) this.checker!.checkNow(id);
     this.rotationGained();
     return record;
   }
