@@ -3,6 +3,8 @@ import { Redis } from 'ioredis';
 import { KVAwareRouter, type KVAwareRouterOptions } from '../../src/core/router/index.js';
 import { RedisStateStore, type RedisStateOptions } from '../../src/state/redis-state-store.js';
 import type { StateStoreHost, WorkerRecord } from '../../src/state/state-store.js';
+import { RedisProcess, RedisProxy } from '../faults/harness.js';
+import { until } from './wait.js';
 
 /**
  * The tests' Redis: CONTEXTFORGE_TEST_REDIS (which scripts/test.sh sets to one it starts when
@@ -54,4 +56,40 @@ export function redisRouters() {
       r.disconnect();
     },
   };
+}
+
+/** A replica of redisRouters(): its router and its store. */
+export type TestReplica = Awaited<ReturnType<ReturnType<typeof redisRouters>['replica']>>;
+
+/**
+ * Two replicas on a Redis of their own, `a` through a TCP proxy that can cut it off and `b`
+ * directly; `cutOff()` and `reconnect()` wait until `a`'s store has seen it. Everything is
+ * closed after `run`, whatever it does.
+ */
+export async function withReplicaCutOff(
+  run: (rig: { a: TestReplica; b: TestReplica; cutOff(): Promise<void>; reconnect(): Promise<void> }) => Promise<void>,
+): Promise<void> {
+  const redis = await new RedisProcess().start();
+  const proxy = await new RedisProxy(redis.port).start();
+  const routers = redisRouters();
+  try {
+    const a = await routers.replica('a', {}, proxy.url);
+    const b = await routers.replica('b', {}, redis.url);
+    await run({
+      a,
+      b,
+      async cutOff() {
+        await proxy.close();
+        await until(() => a.store.stats().connected === false, 'A to lose Redis');
+      },
+      async reconnect() {
+        await proxy.start();
+        await until(() => a.store.stats().connected === true, 'A to reconnect');
+      },
+    });
+  } finally {
+    await routers.close();
+    await proxy.close();
+    await redis.kill();
+  }
 }

@@ -5,17 +5,11 @@
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { RedisProcess, RedisProxy } from '../faults/harness.js';
-import { redisRouters } from '../helpers/redis-routers.js';
+import { withReplicaCutOff } from '../helpers/redis-routers.js';
 import { until } from '../helpers/wait.js';
 
-test("a request that ended while its replica was cut off from Redis leaves the others' view when it is back", async () => {
-  const redis = await new RedisProcess().start();
-  const proxy = await new RedisProxy(redis.port).start();
-  const routers = redisRouters();
-  try {
-    const a = await routers.replica('a', {}, proxy.url);
-    const b = await routers.replica('b', {}, redis.url);
+test("a request that ended while its replica was cut off from Redis leaves the others' view when it is back", () =>
+  withReplicaCutOff(async ({ a, b, cutOff, reconnect }) => {
     const inFlightAtB = () => b.router.listWorkers()[0].inFlightRequests;
     const ended = a.router.route({ text: 'x'.repeat(4000), promptTokens: 1000 }, { share: true });
     const running = a.router.route({ text: 'y'.repeat(4000), promptTokens: 500 }, { share: true });
@@ -24,18 +18,12 @@ test("a request that ended while its replica was cut off from Redis leaves the o
     await until(() => inFlightAtB() === 2, "B to count A's two requests");
 
     // A is cut off (B is not) while one of its requests ends
-    await proxy.close();
-    await until(() => a.store.stats().connected === false, 'A to lose Redis');
+    await cutOff();
     a.router.release(ended.ticket);
     a.store.decisionEnded(ended.shared!);
-    await proxy.start();
-    await until(() => a.store.stats().connected === true, 'A to reconnect');
+    a.store.decisionEnded(ended.shared!);
+    await reconnect();
 
     await until(() => inFlightAtB() === 1, "B to count only A's request still running", { timeoutMs: 5000 });
     assert.equal(b.router.listWorkers()[0].queuedPrefillTokens, a.router.localLoad('e0').queuedPrefillTokens);
-  } finally {
-    await routers.close();
-    await proxy.close();
-    await redis.kill();
-  }
-});
+  }));
