@@ -82,6 +82,11 @@ export class WorkerHealth {
     if (wasUp) this.router.setWorkerHealth(workerId, false);
   }
 
+  /** Whether the worker was added while the gateway runs and its first health check has not answered yet. */
+  awaitingFirstCheck(workerId: string): boolean {
+    return this.unchecked.has(workerId);
+  }
+
   /** Calls `listener` whenever a worker enters or leaves rotation (with the verdict's detail). */
   onChange(listener: (workerId: string, available: boolean, detail: string) => void): void {
     this.listeners.push(listener);

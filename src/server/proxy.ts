@@ -702,7 +702,8 @@ function workerOutReason(w: WorkerState, connections: WorkerConnections, exclude
   if (!w.healthy) {
     const reasons = connections.outOfRotationReasons(w.id);
     if (reasons.includes('breaker')) return 'circuit breaker open';
-    if (reasons.includes('health-check')) return 'health check failing';
+    if (reasons.includes('health-check'))
+      return connections.awaitingFirstCheck(w.id) ? 'first health check pending' : 'health check failing';
     if (reasons.includes('metrics')) return 'metrics scrape failing';
     // an engine asleep is still: it says so itself, so that is the reason named
     if (reasons.includes('sleep')) return 'engine asleep';

@@ -838,6 +838,11 @@ export class WorkerConnections {
     return this.options.health.reasons(id);
   }
 
+  /** Whether the worker, added while the gateway runs, waits for its first health check (WorkerHealth.awaitingFirstCheck). */
+  awaitingFirstCheck(id: string): boolean {
+    return this.options.health.awaitingFirstCheck(id);
+  }
+
   /**
    * Workers whose models are known and `model` is not among them, as they are now. A worker's
    * models are those its operator lists (`models=`) and the LoRA adapters its engine lists, or

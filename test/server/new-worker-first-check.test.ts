@@ -144,3 +144,26 @@ test('without health checks an added worker takes requests at once; a configured
     await Promise.all([a.close(), b.close()]);
   }
 });
+
+test('with only workers awaiting their first check, the 503 names them as such, not as failing', async () => {
+  const held = heldHealth();
+  const b = await engine(held.health);
+  const g = await gatewayWith([], 60_000);
+  try {
+    assert.equal((await g.admin('POST', '/admin/workers', { id: 'b', url: b.url })).status, 201);
+    await until(() => b.seen.probes >= 1, "b's first health probe");
+    const r = await g.complete();
+    assert.equal(r.status, 503, r.text);
+    const { error } = JSON.parse(r.text) as { error: { code: string; message: string } };
+    assert.equal(error.code, 'no_worker_available');
+    assert.match(error.message, /\b1 workers?: 1 first health check pending\b/);
+    // once its first check has failed, it is a failing check
+    held.release(500);
+    await until(() => g.logs.some((l) => l.startsWith('b stays out of rotation')), "b's first check failing");
+    assert.match((await g.complete()).text, /\b1 health check failing\b/);
+  } finally {
+    held.release(200);
+    await g.gateway.close();
+    await b.close();
+  }
+});
