@@ -598,6 +598,12 @@ export interface RedisStateOptions {
    * entries that never match. Part of the settings fingerprint (`{prefix}settings`) when given.
    */
   tokenize?: 'text' | 'tokenizer' | 'engine';
+  /**
+   * How the gateway renders chats into token ids under `--tokenize tokenizer` (`serve
+   * --chat-rendering`): vLLM's and SGLang's rules give a chat other tokens, so replicas rendering
+   * otherwise write block entries for chats that never match. Part of the fingerprint with it.
+   */
+  chatRendering?: 'vllm' | 'sglang';
 }
 
 /**
@@ -883,6 +889,8 @@ export class RedisStateStore implements StateStore {
   private readonly hearing = new Set<HeardChanges>();
   /** The gateway's tokenize mode, when given: part of the settings fingerprint. */
   private readonly tokenize: RedisStateOptions['tokenize'];
+  /** The gateway's chat rendering, when given: part of the fingerprint under `--tokenize tokenizer`. */
+  private readonly chatRendering: RedisStateOptions['chatRendering'];
   /** This replica's hashing settings (set by attach()), written to and compared with `{prefix}settings`. */
   private fingerprint: HashingFingerprint | undefined;
   /**
@@ -938,6 +946,7 @@ export class RedisStateStore implements StateStore {
       throw new RangeError(`predictionTtlMs must be at most ${MAX_PREDICTION_TTL_MS}, got ${this.predictionTtlMs}`);
     this.recentLimit = options.recentDecisions ?? 10_000;
     this.tokenize = options.tokenize;
+    this.chatRendering = options.chatRendering;
     this.stallTimeoutMs = positive(options.stallTimeoutMs ?? 1000, 'stallTimeoutMs');
     this.adminTimeoutMs = positive(options.adminTimeoutMs ?? 5000, 'adminTimeoutMs');
     this.reconcileQuietMs = 2 * this.syncIntervalMs + (options.commandTimeoutMs ?? 250);
@@ -996,7 +1005,7 @@ export class RedisStateStore implements StateStore {
     const capacity = host.router.workflowCapacity;
     if (this.sharedWorkflowLimit === 0) this.sharedWorkflowLimit = SHARED_WORKFLOWS_PER_CAPACITY * capacity;
     this.unclaimedLimit = capacity;
-    this.fingerprint = hashingFingerprint(host.router, this.tokenize);
+    this.fingerprint = hashingFingerprint(host.router, this.tokenize, this.chatRendering);
     this.noteBlockSize(host.router.blockSize);
     for (const w of host.router.listWorkers()) this.noteBlockSize(w.info.blockSize);
     // until the registry is read, the workers held at start (configured, written back unless it

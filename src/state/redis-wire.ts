@@ -388,7 +388,9 @@ export function decodeHashes(b64: string): { hi: Uint32Array; lo: Uint32Array } 
  * must not share one prefix. `probe` is the hash of a fixed run of token ids under the replica's
  * block hash: it differs with vLLM's PYTHONHASHSEED (not written itself) and with a release that
  * hashes differently. `tokenize` ('text' or 'tokens': tokenizer and engine both hash token ids)
- * is absent where the caller did not say it; a field absent on either side is not compared.
+ * is absent where the caller did not say it, and `chatRendering` ('vllm' or 'sglang') where chats
+ * are not rendered into token ids by the gateway (`--tokenize tokenizer`); a field absent on either
+ * side is not compared.
  */
 export interface HashingFingerprint {
   v: 1;
@@ -397,6 +399,7 @@ export interface HashingFingerprint {
   blockHash: string;
   prefixCachingHashAlgo?: string;
   tokenize?: 'text' | 'tokens';
+  chatRendering?: 'vllm' | 'sglang';
   probe: string;
 }
 
@@ -404,6 +407,7 @@ export interface HashingFingerprint {
 export function hashingFingerprint(
   router: Pick<KVAwareRouter, 'blockSize' | 'textChunkBytes' | 'keying'>,
   tokenize?: 'text' | 'tokenizer' | 'engine',
+  chatRendering?: 'vllm' | 'sglang',
 ): HashingFingerprint {
   const tokens = Array.from({ length: 32 }, (_, i) => i * 7919 + 1);
   const out = router.keying.hashTokens(tokens, 16, undefined, new BlockHashes(2));
@@ -416,6 +420,8 @@ export function hashingFingerprint(
   };
   if (router.keying.vllmAlgo !== undefined) fp.prefixCachingHashAlgo = router.keying.vllmAlgo;
   if (tokenize !== undefined) fp.tokenize = tokenize === 'text' ? 'text' : 'tokens';
+  // only the gateway's own tokenizer renders chats; an engine's /tokenize renders them its own way
+  if (tokenize === 'tokenizer' && chatRendering !== undefined) fp.chatRendering = chatRendering;
   return fp;
 }
 
@@ -442,10 +448,17 @@ export function parseFingerprint(value: string): HashingFingerprint | undefined 
 export function fingerprintDifferences(mine: HashingFingerprint, stored: HashingFingerprint): string[] {
   const out: string[] = [];
   const shown = (v: unknown) => (typeof v === 'string' ? escapedText(v) : String(v));
-  for (const name of ['blockSize', 'textChunkBytes', 'blockHash', 'prefixCachingHashAlgo', 'tokenize'] as const) {
+  for (const name of [
+    'blockSize',
+    'textChunkBytes',
+    'blockHash',
+    'prefixCachingHashAlgo',
+    'tokenize',
+    'chatRendering',
+  ] as const) {
     const a = mine[name];
     const b = stored[name];
-    if (name === 'tokenize' && (a === undefined || b === undefined)) continue;
+    if ((name === 'tokenize' || name === 'chatRendering') && (a === undefined || b === undefined)) continue;
     if (a !== b) out.push(`${name} ${shown(a ?? 'unset')} (stored: ${shown(b ?? 'unset')})`);
   }
   if (out.length === 0 && mine.probe !== stored.probe)

@@ -74,6 +74,38 @@ test("a replica whose hashing settings differ from the fleet's refuses to start,
   assert.equal(c.store.stats().connected, true);
 });
 
+test('under --tokenize tokenizer the chat rendering is a hashing setting; elsewhere it is none', async () => {
+  await redis.connect().catch(() => {});
+  const withRendering = async (
+    prefix: string,
+    id: string,
+    tokenize: 'tokenizer' | 'engine',
+    rendering: 'vllm' | 'sglang',
+  ) => {
+    const router = new KVAwareRouter({ blockSize: 16 });
+    const { host } = fixedWorkersHost(router, ['e0']);
+    const store = new RedisStateStore({
+      url: REDIS_URL,
+      prefix,
+      replicaId: id,
+      syncIntervalMs: 50,
+      tokenize,
+      chatRendering: rendering,
+    });
+    stores.push(store);
+    await store.attach(host);
+    return store;
+  };
+  const prefix = prefixes.fresh();
+  await withRendering(prefix, 'A', 'tokenizer', 'vllm');
+  await assert.rejects(withRendering(prefix, 'B', 'tokenizer', 'sglang'), /chatRendering sglang \(stored: vllm\)/);
+  // an engine's /tokenize renders chats its own way: the gateway's setting changes no hash there
+  const engines = prefixes.fresh();
+  await withRendering(engines, 'A', 'engine', 'vllm');
+  assert.equal((await withRendering(engines, 'B', 'engine', 'sglang')).stats().connected, true);
+  assert.equal(hashingFingerprint(new KVAwareRouter({}), 'engine', 'sglang').chatRendering, undefined);
+});
+
 test('the fingerprint tells vLLM hash seeds apart without writing the seed', () => {
   const a = hashingFingerprint(new KVAwareRouter(vllm('12345')));
   const b = hashingFingerprint(new KVAwareRouter(vllm('12346')));

@@ -113,7 +113,12 @@ export async function startGateway(
       ? new ClusterStateStore({ replicaId: String(worker.id), channel: processChannel() })
       : // the shared chain entries live as long as the router's own predictions (the store takes the router's when unset);
         // the tokenize mode is one of the hashing settings replicas sharing a prefix must agree on
-        createStateStore(c.state, { prefix: c.statePrefix, predictionTtlMs: c.predictionTtlMs, tokenize: c.tokenize });
+        createStateStore(c.state, {
+          prefix: c.statePrefix,
+          predictionTtlMs: c.predictionTtlMs,
+          tokenize: c.tokenize,
+          chatRendering: c.chatRendering,
+        });
   // with --processes, /metrics merges every process's registry through the primary
   let processMetrics: ProcessMetrics | undefined;
   const gateway = await createGateway({
