@@ -33,11 +33,23 @@ export const ADMIN_TOKEN_PATTERN = /^[\x21-\x7e]*$/;
 export const ADMIN_TOKEN_RULE =
   'must hold visible ASCII characters only (letters, digits, punctuation; no spaces, line breaks or other control characters), as an Authorization header carries it';
 
-/** SHA-256 of the token: comparing digests takes the same time whatever the guess. */
+/**
+ * SHA-256 of the token: comparing digests takes the same time whatever the guess. `replace`
+ * swaps it for another (SIGHUP re-reads the token file): from then on only the new one matches.
+ */
 export class AdminToken {
-  private readonly digest: Buffer;
+  private digest: Buffer;
 
   constructor(token: string) {
+    this.digest = AdminToken.digestOf(token);
+  }
+
+  /** Accepts `token` instead of the current one; a token refused (RangeError) leaves the current one. */
+  replace(token: string): void {
+    this.digest = AdminToken.digestOf(token);
+  }
+
+  private static digestOf(token: string): Buffer {
     if (typeof token !== 'string' || token.length < MIN_ADMIN_TOKEN_LENGTH)
       throw new RangeError(`the admin token must be a string of at least ${MIN_ADMIN_TOKEN_LENGTH} characters`);
     // what `matches` can ever accept: `Bearer TOKEN` within its 4096 characters, the token trimmed
@@ -45,7 +57,7 @@ export class AdminToken {
       throw new RangeError(`the admin token must be at most ${MAX_ADMIN_TOKEN_LENGTH} characters`);
     if (token.trim() !== token) throw new RangeError('the admin token must not begin or end with whitespace');
     if (!ADMIN_TOKEN_PATTERN.test(token)) throw new RangeError(`the admin token ${ADMIN_TOKEN_RULE}`);
-    this.digest = createHash('sha256').update(token).digest();
+    return createHash('sha256').update(token).digest();
   }
 
   /** True when `authorization` is `Bearer <the token>`; constant time in the token. */
@@ -93,33 +105,9 @@ export function resolveAdminToken(source: AdminTokenSource): ResolvedAdminToken 
   }
   const file = source.tokenFile;
   if (!file) throw new RangeError('no admin token: give a token or a token file');
-  // the file as messages name it
   const named = `--admin-token-file ${shownText(file)}`;
-  let existing: string | undefined;
-  try {
-    // a regular file of bounded size, checked through the opened file (nothing swapped in between):
-    // a device or a pipe could block or never end, a huge file would fill memory
-    existing = readRegularFile(file, MAX_ADMIN_TOKEN_FILE_BYTES, (st) => {
-      if ((st.mode & 0o077) !== 0)
-        throw new RangeError(`is readable by others (mode ${(st.mode & 0o777).toString(8)}); chmod 600 it`);
-      if (typeof process.getuid === 'function' && st.uid !== process.getuid())
-        throw new RangeError('belongs to another user');
-    }).trim();
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code !== 'ENOENT')
-      throw new RangeError(`${named}: ${fileErrorMessage(err, file)}`, { cause: err });
-  }
-  if (existing !== undefined) {
-    // a file emptied by mistake is not replaced: whoever holds the old token would be locked out unseen
-    if (existing === '')
-      throw new RangeError(`${named} is empty: write a token in it, or remove it to have one generated`);
-    try {
-      new AdminToken(existing);
-    } catch (err) {
-      throw new RangeError(`${named}: ${(err as Error).message}`, { cause: err });
-    }
-    return { token: existing, origin: 'file', file };
-  }
+  const existing = readAdminTokenFile(file);
+  if (existing !== undefined) return { token: existing, origin: 'file', file };
   const token = generateToken();
   try {
     if (source.createDirectory !== false) mkdirSync(dirname(file), { recursive: true, mode: 0o700 });
@@ -150,6 +138,50 @@ export function resolveAdminToken(source: AdminTokenSource): ResolvedAdminToken 
     rmSync(tmp, { force: true });
   }
   return { token, origin: 'generated', file };
+}
+
+/**
+ * The token in `file` again, as SIGHUP reads it: the file must still be there and hold a token
+ * `resolveAdminToken` would take. Nothing is generated: a file removed by mistake would lock out
+ * whoever holds the token, unseen. A RangeError names the file and why it is refused, never the
+ * token.
+ */
+export function rereadAdminTokenFile(file: string): string {
+  const token = readAdminTokenFile(file);
+  if (token === undefined) throw new RangeError(`--admin-token-file ${shownText(file)} does not exist`);
+  return token;
+}
+
+/**
+ * The token a token file holds, or undefined when there is no such file; a file that cannot be
+ * read, or holds no acceptable token, is a RangeError naming `--admin-token-file` and the file.
+ */
+function readAdminTokenFile(file: string): string | undefined {
+  // the file as messages name it
+  const named = `--admin-token-file ${shownText(file)}`;
+  let existing: string;
+  try {
+    // a regular file of bounded size, checked through the opened file (nothing swapped in between):
+    // a device or a pipe could block or never end, a huge file would fill memory
+    existing = readRegularFile(file, MAX_ADMIN_TOKEN_FILE_BYTES, (st) => {
+      if ((st.mode & 0o077) !== 0)
+        throw new RangeError(`is readable by others (mode ${(st.mode & 0o777).toString(8)}); chmod 600 it`);
+      if (typeof process.getuid === 'function' && st.uid !== process.getuid())
+        throw new RangeError('belongs to another user');
+    }).trim();
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    throw new RangeError(`${named}: ${fileErrorMessage(err, file)}`, { cause: err });
+  }
+  // a file emptied by mistake is not replaced: whoever holds the old token would be locked out unseen
+  if (existing === '')
+    throw new RangeError(`${named} is empty: write a token in it, or remove it to have one generated`);
+  try {
+    new AdminToken(existing);
+  } catch (err) {
+    throw new RangeError(`${named}: ${(err as Error).message}`, { cause: err });
+  }
+  return existing;
 }
 
 /**

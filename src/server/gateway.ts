@@ -309,8 +309,13 @@ export interface Gateway {
   app: FastifyInstance;
   router: KVAwareRouter;
   metrics: Registry;
-  /** The admin bearer token (the configured one, or the one made at start). */
-  adminToken: string;
+  /** The admin bearer token (the configured one, or the one made at start; the last one `replaceAdminToken` took). */
+  readonly adminToken: string;
+  /**
+   * Accepts `token` as the admin token from now on, and the previous one no more (SIGHUP re-reads
+   * the token file). A token refused (RangeError) leaves the current one.
+   */
+  replaceAdminToken(token: string): void;
   /** Who holds which worker out of rotation (health check, metrics scrape, circuit breaker). */
   health: WorkerHealth;
   /**
@@ -392,7 +397,7 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     options.maxClientConnections ?? DEFAULT_MAX_CLIENT_CONNECTIONS,
   );
   const clientRequests = new ClientRequests(options.maxRequestsPerClient ?? 0);
-  const adminTokenText = options.adminToken ?? generateToken();
+  let adminTokenText = options.adminToken ?? generateToken();
   const adminToken = new AdminToken(adminTokenText);
   const health = new WorkerHealth(router, log);
   const via = viaPseudonym();
@@ -1334,7 +1339,13 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
     removeWorker,
     addedByOperator: (id) => operatorWorkers.has(id),
     drainWorker,
-    adminToken: adminTokenText,
+    get adminToken() {
+      return adminTokenText;
+    },
+    replaceAdminToken: (token) => {
+      adminToken.replace(token);
+      adminTokenText = token;
+    },
     state,
     connections,
     viaPseudonym: via,

@@ -9,6 +9,7 @@ import {
   AdminToken,
   MAX_ADMIN_TOKEN_FILE_BYTES,
   MAX_ADMIN_TOKEN_LENGTH,
+  rereadAdminTokenFile,
   resolveAdminToken,
 } from '../../src/server/admin-auth.js';
 import { createGateway } from '../../src/server/gateway.js';
@@ -57,6 +58,37 @@ test('without a token, a random one is written to the token file (0600) and read
   assert.equal(resolveAdminToken({ token: 'from-the-environment', tokenFile: file }).token, 'from-the-environment');
   // two starts never share a generated token
   assert.notEqual(resolveAdminToken({ tokenFile: join(dir, 'other') }).token, first.token);
+});
+
+test('a replaced admin token: only the new one matches; a token refused leaves the current one', async () => {
+  const gateway = await createGateway({
+    router: new KVAwareRouter(),
+    adminToken: 'first-admin-token',
+    tokenize: 'text',
+  });
+  try {
+    const status = async (token: string) =>
+      (await gateway.app.inject({ url: '/admin/workers', headers: { authorization: `Bearer ${token}` } })).statusCode;
+    gateway.replaceAdminToken('second-admin-token');
+    assert.equal(gateway.adminToken, 'second-admin-token');
+    assert.equal(await status('second-admin-token'), 200);
+    assert.equal(await status('first-admin-token'), 401);
+    assert.throws(() => gateway.replaceAdminToken('short'), RangeError);
+    assert.throws(() => gateway.replaceAdminToken('has a space'), RangeError);
+    assert.equal(gateway.adminToken, 'second-admin-token');
+    assert.equal(await status('second-admin-token'), 200);
+  } finally {
+    await gateway.close();
+  }
+});
+
+test('a token file read again (SIGHUP) must still hold a token: nothing is generated in place of a missing one', () => {
+  const file = join(dir, 'reread');
+  assert.throws(() => rereadAdminTokenFile(file), /--admin-token-file .*reread does not exist/);
+  writeFileSync(file, 'reread-admin-token\n', { mode: 0o600 });
+  assert.equal(rereadAdminTokenFile(file), 'reread-admin-token');
+  writeFileSync(file, '');
+  assert.throws(() => rereadAdminTokenFile(file), /is empty/);
 });
 
 test('a token file others can read is refused', () => {
