@@ -2,7 +2,8 @@ import cluster from 'node:cluster';
 import type { Serializable } from 'node:child_process';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { resolveAdminToken } from '../../server/admin-auth.js';
+import { rereadAdminTokenFile, resolveAdminToken, type ResolvedAdminToken } from '../../server/admin-auth.js';
+import { shownText } from '../../core/shown-text.js';
 import { MAX_TIMER_MS } from '../../server/timeouts.js';
 import { closeUnansweredHandoffs } from './connection-handoff.js';
 import { ClusterRelay } from '../../state/cluster-state-store.js';
@@ -12,15 +13,18 @@ import type { ServeConfig } from './serve.js';
 /**
  * `serve --processes N`: the primary forks N gateway processes that share the listening port
  * (node:cluster hands out the connections), relays their state (ClusterRelay) unless Redis
- * holds it, restarts one that crashes, and stops them all on SIGINT/SIGTERM.
+ * holds it, restarts one that crashes, stops them all on SIGINT/SIGTERM, and on SIGHUP re-reads
+ * the admin token file and hands the new token to every process.
  */
 export async function runPrimary(c: ServeConfig): Promise<void> {
   const log = (m: string) => process.stderr.write(`${m}\n`);
   cluster.setupPrimary({ serialization: 'advanced' });
   // one admin token for every process: resolved (or generated) here, inherited through the environment
-  const admin = serveAdminToken(c);
+  let admin = serveAdminToken(c);
   if (admin.origin === 'generated') log(`admin token generated and written to ${admin.file} (mode 0600)`);
   process.env.CONTEXTFORGE_ADMIN_TOKEN = admin.token;
+  /** How to reach each gateway process that runs, by id. */
+  const senders = new Map<string, (m: unknown) => void>();
   // decisions replayed to a process that starts later live as long as the router's predictions
   const relay =
     c.state === 'memory'
@@ -54,12 +58,20 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
       };
       relay?.add({ id, send });
       metrics.add(id, { send });
+      senders.set(id, send);
+      // the token it inherits (the environment, as it is now); one SIGHUP brings while it starts
+      // may reach it before it listens for messages, so the current one is sent once it listens
+      let tokenSent = admin.token;
       worker.on('message', (m: unknown) => {
         if (!metrics.receive(id, m)) relay?.receive(id, m);
       });
       worker.on('listening', (address) => {
         listening.add(worker.id);
         backoff.listening(worker.id);
+        if (tokenSent !== admin.token) {
+          tokenSent = admin.token;
+          send({ cfAdminToken: admin.token } satisfies AdminTokenMessage);
+        }
         if (announced || listening.size < c.processes) return;
         announced = true;
         const host =
@@ -69,6 +81,7 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
         );
       });
       worker.on('exit', (code, signal) => {
+        senders.delete(id);
         relay?.remove(id);
         metrics.remove(id);
         const started = listening.delete(worker.id);
@@ -111,8 +124,18 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
       `${signal}: already stopping; the gateway processes finish their requests (within --shutdown-grace-ms ${c.shutdownGraceMs})`,
     );
   };
+  // SIGHUP: the token file read again, its token handed to every process (and, through the
+  // environment, to every process started from now on); a file refused keeps the current token
+  const onHangUp = () => {
+    const token = reloadAdminToken(admin, log);
+    if (token === undefined) return;
+    admin = { ...admin, token };
+    process.env.CONTEXTFORGE_ADMIN_TOKEN = token;
+    for (const send of senders.values()) send({ cfAdminToken: token } satisfies AdminTokenMessage);
+  };
   process.on('SIGINT', onSignal);
   process.on('SIGTERM', onSignal);
+  process.on('SIGHUP', onHangUp);
   try {
     await Promise.race([failedToStart, stopSignal]);
   } finally {
@@ -123,6 +146,7 @@ export async function runPrimary(c: ServeConfig): Promise<void> {
     await stopWorkers(Math.min(c.shutdownGraceMs + STOP_MARGIN_MS, MAX_TIMER_MS));
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
+    process.off('SIGHUP', onHangUp);
   }
 }
 
@@ -220,4 +244,39 @@ export function serveAdminToken(c: Pick<ServeConfig, 'adminToken' | 'adminTokenF
 export function defaultAdminTokenFile(): string {
   const uid = typeof process.getuid === 'function' ? process.getuid() : 'user';
   return join(process.env.XDG_RUNTIME_DIR || tmpdir(), `contextforge-router-${uid}`, 'admin-token');
+}
+
+/** The primary's message to a gateway process: check this admin token from now on. */
+export interface AdminTokenMessage {
+  cfAdminToken: string;
+}
+
+export function isAdminTokenMessage(m: unknown): m is AdminTokenMessage {
+  return m !== null && typeof m === 'object' && typeof (m as { cfAdminToken?: unknown }).cfAdminToken === 'string';
+}
+
+/**
+ * What SIGHUP does to `serve`'s admin token: the token file read again, its token returned; or,
+ * for a token that came from no file, or a file refused (gone, unreadable, empty, not a token),
+ * undefined: the current token stays. Either way one line is logged (naming the file and the
+ * reason, never a token).
+ */
+export function reloadAdminToken(admin: ResolvedAdminToken, log: (m: string) => void): string | undefined {
+  if (admin.file === undefined) {
+    log(
+      'SIGHUP: the admin token was given by --admin-token, CONTEXTFORGE_ADMIN_TOKEN or the config file, not read from a file: it cannot be re-read; restart to change it',
+    );
+    return undefined;
+  }
+  let token: string;
+  try {
+    token = rereadAdminTokenFile(admin.file);
+  } catch (err) {
+    log(`SIGHUP: admin token not reloaded, the current one stays: ${(err as Error).message}`);
+    return undefined;
+  }
+  log(
+    `SIGHUP: admin token reloaded from ${shownText(admin.file)}${token === admin.token ? ' (unchanged)' : '; the previous one is refused from now on'}`,
+  );
+  return token;
 }

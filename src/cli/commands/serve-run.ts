@@ -17,7 +17,7 @@ import { createStateStore } from '../../state/create-state-store.js';
 import type { StateStore } from '../../state/state-store.js';
 import { loadApiKeysFile } from '../../server/api-keys.js';
 import { ROUTER_SETTING_KEYS } from '../config/settings.js';
-import { runPrimary, serveAdminToken } from './serve-processes.js';
+import { isAdminTokenMessage, reloadAdminToken, runPrimary, serveAdminToken } from './serve-processes.js';
 import { serveEppTlsSettings, type GatewayConfig, type ServeConfig } from './serve.js';
 import { SERVE_EPP_TLS_FLAGS } from '../config/epp-tls.js';
 
@@ -187,7 +187,18 @@ export async function startGateway(
   // primary merges them (process-metrics.ts: memory summed, a limit not, event-loop delay
   // averaged, its maximum the largest)
   collectDefaultMetrics({ register: gateway.metrics });
-  const onPrimaryMessage = (m: unknown) => void processMetrics?.receive(m);
+  const onPrimaryMessage = (m: unknown) => {
+    // the admin token the primary re-read on SIGHUP (it checked it: a refusal here is a bug, logged)
+    if (isAdminTokenMessage(m)) {
+      try {
+        gateway.replaceAdminToken(m.cfAdminToken);
+      } catch (err) {
+        log(`admin token from the primary refused, the current one stays: ${(err as Error).message}`);
+      }
+      return;
+    }
+    void processMetrics?.receive(m);
+  };
   if (worker) {
     processMetrics = new ProcessMetrics(gateway.metrics, processChannel());
     process.on('message', onPrimaryMessage);
@@ -208,7 +219,7 @@ export async function startGateway(
     process.off('message', onPrimaryMessage);
     if (promptTokenizer instanceof TokenizerPool) await promptTokenizer.close();
   };
-  return { gateway, describe, close };
+  return { gateway, describe, close, admin };
 }
 
 /**
@@ -241,6 +252,40 @@ export async function runServe(config: ServeConfig): Promise<void> {
 async function serveProcess(c: ServeConfig): Promise<void> {
   const worker = cluster.isWorker ? cluster.worker! : undefined;
   const log = (m: string) => process.stderr.write(worker ? `[process ${String(worker.id)}] ${m}\n` : `${m}\n`);
+  // SIGHUP re-reads the admin token file (taken from the start: its default action would end the
+  // process, cutting its requests). A gateway process of --processes leaves it to the primary,
+  // which hands the token to every process; one sent while this one starts is applied once it runs.
+  let started: Awaited<ReturnType<typeof startGateway>> | undefined;
+  let hungUp = false;
+  const onHangUp = () => {
+    if (worker)
+      return log(
+        `SIGHUP: a gateway process reloads nothing; send it to the primary (pid ${process.ppid}), which re-reads the admin token file for every process`,
+      );
+    if (!started) return void (hungUp = true);
+    const token = reloadAdminToken(started.admin, log);
+    if (token === undefined) return;
+    started.gateway.replaceAdminToken(token);
+    started.admin = { ...started.admin, token };
+  };
+  process.on('SIGHUP', onHangUp);
+  try {
+    await serveWith(c, worker, log, (s) => {
+      started = s;
+      if (hungUp) onHangUp();
+    });
+  } finally {
+    process.off('SIGHUP', onHangUp);
+  }
+}
+
+/** serveProcess's gateway and picker, from their start to their stop; `onStarted` gets the gateway once it runs. */
+async function serveWith(
+  c: ServeConfig,
+  worker: typeof cluster.worker | undefined,
+  log: (m: string) => void,
+  onStarted: (s: Awaited<ReturnType<typeof startGateway>>) => void,
+): Promise<void> {
   if (c.workers.length === 0 && !c.discover)
     log(
       'warning: no workers (--worker, CONTEXTFORGE_WORKERS, the config file, --discover); add them with POST /admin/workers',
@@ -250,7 +295,9 @@ async function serveProcess(c: ServeConfig): Promise<void> {
     c.eppPort === undefined
       ? undefined
       : (await import('./epp-tls-run.js')).eppTls(serveEppTlsSettings(c), SERVE_EPP_TLS_FLAGS);
-  const { gateway, describe, close } = await startGateway(c, log, { maxRequestsPerClient: c.maxRequestsPerClient });
+  const started = await startGateway(c, log, { maxRequestsPerClient: c.maxRequestsPerClient });
+  const { gateway, describe, close } = started;
+  onStarted(started);
   const start = () => startPicker(gateway, c, { host: c.host, port: c.eppPort, log, tls: tls?.tls });
   const picker =
     c.eppPort === undefined ? await start() : await listening(`--host ${c.host} --epp-port ${c.eppPort}`, start, close);
