@@ -28,25 +28,7 @@ export function checkPolicyObject(value: unknown, name = 'policy'): RoutingPolic
   return value as RoutingPolicy;
 }
 
-/**
- * Whether `choice` keeps to PolicyChoice over `n` candidates: an object whose index is -1 or a
- * candidate's and whose confidence is a number from 0 to 1. Checked after every choose() (a
- * user's policy is not trusted to keep to it; the built-in ones always do), so kept to a few tests.
- */
-export function isChoiceOf(choice: unknown, n: number): choice is PolicyChoice {
-  if (typeof choice !== 'object' || choice === null) return false;
-  const { index, confidence } = choice as PolicyChoice;
-  return (
-    Number.isInteger(index) &&
-    index >= -1 &&
-    index < n &&
-    typeof confidence === 'number' &&
-    confidence >= 0 &&
-    confidence <= 1
-  );
-}
-
-/** What is wrong with a choice isChoiceOf() refused, naming the policy (a TypeError or a RangeError). */
+/** What is wrong with a choice checkChoice() refused, naming the policy (a TypeError or a RangeError). */
 export function choiceError(policy: string, choice: unknown, n: number): TypeError | RangeError {
   if (typeof choice !== 'object' || choice === null)
     return new TypeError(
@@ -60,4 +42,29 @@ export function choiceError(policy: string, choice: unknown, n: number): TypeErr
       `policy '${policy}' chose a confidence of type ${typeName(confidence)}; it must be a number from 0 to 1`,
     );
   return new RangeError(`policy '${policy}' chose confidence ${confidence}; it must be a number from 0 to 1`);
+}
+
+/** Longest `reason` a policy's choice may give, in UTF-16 code units (the built-in ones are a dozen at most). */
+export const MAX_REASON_LENGTH = 64;
+
+/**
+ * Checks a policy's choice over `n` candidates, its members read once into the arguments (a user's
+ * policy is not trusted to keep to PolicyChoice; the built-in ones always do): an index of -1 or a
+ * candidate's, a confidence from 0 to 1, a reason of 1 to MAX_REASON_LENGTH characters. A TypeError
+ * or RangeError names the policy and the member. Allocates only to throw.
+ */
+export function checkChoice(policy: string, index: number, confidence: number, reason: unknown, n: number): void {
+  if (
+    !(Number.isInteger(index) && index >= -1 && index < n) ||
+    !(typeof confidence === 'number' && confidence >= 0 && confidence <= 1)
+  )
+    throw choiceError(policy, { index, confidence }, n);
+  if (typeof reason !== 'string')
+    throw new TypeError(
+      `policy '${policy}' chose a reason of type ${typeName(reason)}; it must be a string of 1 to ${MAX_REASON_LENGTH} characters`,
+    );
+  if (reason.length === 0 || reason.length > MAX_REASON_LENGTH)
+    throw new RangeError(
+      `policy '${policy}' chose a reason of ${reason.length} characters; it must be a string of 1 to ${MAX_REASON_LENGTH} characters`,
+    );
 }

@@ -9,7 +9,7 @@ import { BlockIndex, Tier } from '../block-index.js';
 import { ContentAnchorIndex } from '../content-anchors.js';
 import { BlockHashes, hashString32, type HashNamespace } from '../hashing.js';
 import type { CostWeights } from '../policies/index.js';
-import { choiceError } from '../policies/policy-object.js';
+import { checkChoice, choiceError } from '../policies/policy-object.js';
 import type { Candidate, PolicyChoice, RouteFeatures, RouteReason, RoutingPolicy } from '../policies/types.js';
 import { roundHalfEven3 } from '../round-half-even.js';
 import { quotedText } from '../shown-text.js';
@@ -962,36 +962,12 @@ export class KVAwareRouter {
  */
 export const MAX_TIME_LEAD_MS = 60_000;
 
-/** Longest `reason` a policy's choice may give, in UTF-16 code units (the built-in ones are a dozen at most). */
-export const MAX_REASON_LENGTH = 64;
-
 /**
  * Most reasons getStats().decisionsByReason counts under their own key; decisions of further
  * reasons count under OTHER_REASON ('other').
  */
 export const MAX_DECISION_REASONS = 64;
 export const OTHER_REASON = 'other';
-
-/**
- * Checks a policy's choice over `n` candidates, its members read once into the arguments: an
- * index of -1 or a candidate's, a confidence from 0 to 1, a reason of 1 to MAX_REASON_LENGTH
- * characters. A TypeError or RangeError names the policy and the member. Allocates only to throw.
- */
-function checkChoice(policy: string, index: number, confidence: number, reason: unknown, n: number): void {
-  if (
-    !(Number.isInteger(index) && index >= -1 && index < n) ||
-    !(typeof confidence === 'number' && confidence >= 0 && confidence <= 1)
-  )
-    throw choiceError(policy, { index, confidence }, n);
-  if (typeof reason !== 'string')
-    throw new TypeError(
-      `policy '${policy}' chose a reason of type ${check.typeName(reason)}; it must be a string of 1 to ${MAX_REASON_LENGTH} characters`,
-    );
-  if (reason.length === 0 || reason.length > MAX_REASON_LENGTH)
-    throw new RangeError(
-      `policy '${policy}' chose a reason of ${reason.length} characters; it must be a string of 1 to ${MAX_REASON_LENGTH} characters`,
-    );
-}
 
 /** route()'s options when none are given: one object, not a new one per call. */
 const NO_OPTIONS: RouteOptions = Object.freeze({});
