@@ -93,7 +93,7 @@ const CONTINUE_TAG = 'CONTINUE_FINAL_MESSAGE_TAG ';
  * the rules are the fleet's, not a worker's.
  */
 export type ChatRendering = 'vllm' | 'sglang';
-export const CHAT_RENDERINGS: readonly ChatRendering[] = ['vllm', 'sglang'];
+const CHAT_RENDERINGS: readonly ChatRendering[] = ['vllm', 'sglang'];
 
 export interface ChatTokenizerOptions {
   /** Whose rules render a chat (default vllm). */
@@ -200,6 +200,8 @@ export class ChatTokenizer implements PromptTokenizer {
   readonly rendering: ChatRendering;
   /** SGLang: the tokenizer adds special tokens to an empty text, so the prompt is encoded without them. */
   private readonly specialsOnEmpty: boolean;
+  /** The id of the tokenizer's BOS token, if it has one (SGLang drops it from a continued final message's ids). */
+  private readonly bosId: number | undefined;
   /** specialTokensAround's answer; null until asked. */
   private around: { before: number[]; after: number[] } | undefined | null = null;
 
@@ -234,6 +236,8 @@ export class ChatTokenizer implements PromptTokenizer {
     }
     if (Array.isArray(config.additional_special_tokens))
       this.specialTokens.additional_special_tokens = config.additional_special_tokens;
+    const bos = this.specialTokens.bos_token;
+    this.bosId = typeof bos === 'string' ? (tokenizer.token_to_id(bos) ?? undefined) : undefined;
     this.cacheEntries = options.cacheEntries ?? 50_000;
     if (!Number.isInteger(this.cacheEntries) || this.cacheEntries < 0)
       throw new RangeError(`cacheEntries must be a non-negative integer, got ${options.cacheEntries}`);
@@ -364,16 +368,13 @@ export class ChatTokenizer implements PromptTokenizer {
       ctx = { ...ctx, tools: tools.map((t) => ('function' in t ? t.function : t)) };
       whole = this.render(conversation, ctx, true);
     }
-    const key = digest('sglang', { ...ctx, ...this.specialTokens });
+    // ctx holds the special tokens already (with what chat_template_kwargs sets over them)
+    const key = digest('sglang', ctx);
     const ids = this.tokenizeRendered(conversation, ctx, whole, key, false, !this.specialsOnEmpty);
     if (!prefix) return ids;
     // tokenizer.encode(prefix) with its special tokens, a leading BOS dropped
     const encoded = this.tokenizer.encode(prefix, { add_special_tokens: true }).ids;
-    const bos =
-      typeof this.specialTokens.bos_token === 'string'
-        ? this.tokenizer.token_to_id(this.specialTokens.bos_token)
-        : undefined;
-    if (encoded.length > 0 && bos !== undefined && encoded[0] === bos) encoded.shift();
+    if (encoded.length > 0 && this.bosId !== undefined && encoded[0] === this.bosId) encoded.shift();
     return [...ids, ...encoded];
   }
 
@@ -924,7 +925,6 @@ function sglangToolCall(c: unknown, where: string, role: string): Record<string,
     if (!isPlainObject(args)) throw new RangeError(`${where}.function.arguments must be a JSON object`);
   } else if (args !== null && typeof args !== 'string' && !isPlainObject(args))
     throw new RangeError(`${where}.function.arguments must be a string or an object`);
-  else if (isPlainObject(args)) args = copyJson(args);
   return {
     id: c.id ?? null,
     index: c.index ?? null,
@@ -949,7 +949,7 @@ function sglangToolCall(c: unknown, where: string, role: string): Record<string,
  *   message with string content is taken out and its text continued (continue_final_message)
  *   or becomes a user message of that text alone.
  */
-export function sglangConversation(
+function sglangConversation(
   request: ChatTemplateRequest,
   messages: readonly unknown[],
   partsContent: boolean,

@@ -65,7 +65,7 @@ const PYTHON_WHITESPACE: ReadonlySet<string> = new Set(
  * Python's str.strip / lstrip / rstrip: with no argument (or None) its whitespace, with a
  * string the code points of that string.
  */
-export function pythonStrip(s: string, chars: string | undefined, left: boolean, right: boolean): string {
+function pythonStrip(s: string, chars: string | undefined, left: boolean, right: boolean): string {
   const set = chars === undefined ? PYTHON_WHITESPACE : new Set(Array.from(chars));
   let start = 0;
   let end = s.length;

@@ -584,19 +584,13 @@ export function createProcessHandler(
     call.on('end', () => {
       queue = queue
         .then(async () => {
-          if (closed) return finish();
           // Envoy gives up on a stream by ending it and resetting it at once: the reset, read with
           // the end, closes the HTTP/2 stream only once the I/O already read is handled (a turn of
-          // the event loop); a request cut short is answered after that, not before
-          if (phase === 'headers' || phase === 'body') await new Promise<void>((resolve) => setImmediate(resolve));
+          // the event loop); a request cut short is answered after that, not before. Reset, the
+          // stream was counted cancelled (the 'cancelled' handler) and there is nobody to answer
+          if (!closed && (phase === 'headers' || phase === 'body'))
+            await new Promise<void>((resolve) => setImmediate(resolve));
           if (closed) return finish();
-          // Envoy reset the stream (it gave up on the request), not ended it: there is nobody to
-          // answer, and the stream is counted as cancelled, not as a request that ended early
-          if (call.cancelled) {
-            count('cancelled');
-            closed = true;
-            return finish();
-          }
           if (phase === 'headers')
             return fail(GrpcStatus.FAILED_PRECONDITION, 'the stream ended before request_headers');
           if (phase === 'body') return reject(400, 'the request ended before its body did', 'body');

@@ -175,15 +175,15 @@ export function chatTemplateRequest(body: Record<string, unknown>): ChatTemplate
 }
 
 /**
- * Whether chat messages hold JSON data whose numbers vLLM renders with Python's text: an
- * assistant's tool call whose arguments are not a string (vLLM keeps a dict or list as parsed)
- * or a developer message's tools.
+ * Whether chat messages hold JSON data whose numbers the engine renders with Python's text: an
+ * assistant's tool call whose arguments are not a string (vLLM and SGLang keep a dict or list as
+ * parsed) or a message's tools (vLLM passes a developer message's, SGLang any role's but the user's).
  */
 function messagesHoldJsonNumbers(messages: unknown): boolean {
   if (!Array.isArray(messages)) return false;
   for (const m of messages as Array<Record<string, unknown> | null>) {
     if (m === null || typeof m !== 'object') continue;
-    if (m.role === 'developer' && m.tools !== undefined && m.tools !== null) return true;
+    if (m.tools !== undefined && m.tools !== null) return true;
     if (!Array.isArray(m.tool_calls)) continue;
     for (const call of m.tool_calls as Array<{ function?: { arguments?: unknown } } | null>) {
       const args = call?.function?.arguments;

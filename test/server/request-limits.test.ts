@@ -941,3 +941,17 @@ test('a chat whose chat_template_kwargs hold keys vLLM refuses, or whose text ho
   // a pair is a character
   chat({ messages: [{ role: 'user', content: 'rocket \ud83d\ude80', name: '\ud83d\ude80' }] });
 });
+
+test("a message's tools send the messages' JSON text to the tokenizer, whatever its role", async () => {
+  const { chatTemplateRequest } = await import('../../src/server/engine-deployments.js');
+  const tools = [{ type: 'function', function: { name: 'f', parameters: { default: 1.0 } } }];
+  for (const role of ['system', 'developer']) {
+    const text = JSON.stringify({ messages: [{ role, content: 'hi', tools }] }).replace('"default":1', '"default":1.0');
+    const body = parseJsonBody(text, jsonLimits(64)) as Record<string, unknown>;
+    // SGLang hands a system message's tools to the template as vLLM does a developer's: their
+    // numbers are read again from the text (1.0, not 1)
+    assert.match(chatTemplateRequest(body).messagesJson ?? '', /"default":1\.0/, role);
+  }
+  const plain = parseJsonBody('{"messages":[{"role":"user","content":"hi"}]}', jsonLimits(64));
+  assert.equal(chatTemplateRequest(plain as Record<string, unknown>).messagesJson, undefined);
+});
