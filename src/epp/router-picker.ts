@@ -287,6 +287,14 @@ export class RouterPicker implements EndpointPicker {
     let firstTokenReported = true;
     /** The field a prompt's length is refused on, as the gateway names it: a chat's messages, else the prompt. */
     let promptField = 'prompt';
+    // read as UTF-8, bytes that are not would reach the engine (the rewrite) or the router (the
+    // metadata headers: ids, roles, anchors) as U+FFFD, with a body or without: refused as the
+    // gateway refuses a metadata header that is not UTF-8
+    const notUtf8 = input.notUtf8Headers;
+    if (notUtf8 !== undefined && notUtf8.size > 0) {
+      for (const name of [MODEL_NAME_REWRITE_HEADER, ...METADATA_HEADERS])
+        if (notUtf8.has(name)) return { ok: false, status: 400, message: `${name} is not UTF-8`, param: name };
+    }
     if (preflight) {
       // nothing to read: routed as a request without a body
     } else if (input.body !== undefined && input.body.length > 0) {
@@ -305,14 +313,6 @@ export class RouterPicker implements EndpointPicker {
       firstTokenReported = body.stream === true && input.responseBodyStreamed !== false;
       let rewritten = false;
       const rewrite = input.headers.get(MODEL_NAME_REWRITE_HEADER);
-      // read as UTF-8, bytes that are not would reach the engine (the rewrite) or the router (the
-      // metadata headers: ids, roles, anchors) as U+FFFD: refused as the gateway refuses a metadata
-      // header that is not UTF-8
-      const notUtf8 = input.notUtf8Headers;
-      if (notUtf8 !== undefined && notUtf8.size > 0) {
-        for (const name of [MODEL_NAME_REWRITE_HEADER, ...METADATA_HEADERS])
-          if (notUtf8.has(name)) return { ok: false, status: 400, message: `${name} is not UTF-8`, param: name };
-      }
       if (rewrite && body.model !== rewrite) {
         // the client's name is bounded as the gateway bounds it (and given back in the response),
         // though the engine's name replaces it before the gateway reads the body

@@ -22,8 +22,6 @@ export interface PickerConfig {
   requestTimeoutMs?: number;
   /** Time from a stream's start to its request headers (the gateway's --headers-timeout-ms). */
   headersTimeoutMs?: number;
-  /** Time from a stream's routing to its response's beginning (default DEFAULT_RESPONSE_TIMEOUT_MS). */
-  responseTimeoutMs?: number;
 }
 
 /**
@@ -31,7 +29,8 @@ export interface PickerConfig {
  * stream (ms): the gateway's own longest wait for an answer to begin, its default inter-chunk
  * timeout (a non-streamed answer's headers come after the whole generation). A stream Envoy
  * holds open without a response (a peer that never sends one) would otherwise keep the count
- * raised for the connection's life.
+ * raised for the connection's life. Not a setting: epp proxies nothing, so serve's
+ * --upstream-timeout-ms is none of its own (docs/configuration.md).
  */
 export const DEFAULT_RESPONSE_TIMEOUT_MS = DEFAULT_TIMEOUTS.interChunkTimeoutMs;
 
@@ -87,7 +86,7 @@ export async function startPicker(
     bodyTimeoutMs: c.requestTimeoutMs,
     // and a stream's request headers the time an HTTP client's headers get
     headersTimeoutMs: c.headersTimeoutMs,
-    responseTimeoutMs: c.responseTimeoutMs ?? DEFAULT_RESPONSE_TIMEOUT_MS,
+    responseTimeoutMs: DEFAULT_RESPONSE_TIMEOUT_MS,
     log: o.log,
     onOutcome: (outcome) => picker.countOutcome(outcome),
     onResponseTimeout: () => picker.countResponseTimeout(),

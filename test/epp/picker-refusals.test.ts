@@ -77,3 +77,34 @@ for (const name of ['x-gateway-model-name-rewrite', 'x-workflow-id', 'x-agent-ro
     assert.equal(error.param, name);
     assert.match(error.message, /not UTF-8/);
   });
+
+test('a metadata header that is not UTF-8 is refused on a request without a body too', async () => {
+  const call = client.Process();
+  const answers: ProcessingResponse[] = [];
+  call.on('data', (m: ProcessingResponse) => answers.push(m));
+  const ended = new Promise<void>((resolve, reject) => {
+    call.on('error', reject);
+    call.on('status', (s: { code: number }) =>
+      s.code === GrpcStatus.OK ? resolve() : reject(new Error(String(s.code))),
+    );
+  });
+  const header = (key: string, v: string | Buffer) => ({ key, raw_value: Buffer.from(v) });
+  call.write({
+    request_headers: {
+      headers: {
+        headers: [
+          header(':method', 'GET'),
+          header(':path', '/v1/models'),
+          header('x-workflow-id', Buffer.from([0x77, 0xff, 0x66])),
+        ],
+      },
+      end_of_stream: true,
+    },
+  });
+  call.end();
+  await ended;
+  const reply = answers[0]?.immediate_response;
+  assert.equal(statusNumber(reply?.status.code ?? 0), 400);
+  const { error } = JSON.parse(Buffer.from(reply?.body ?? []).toString()) as { error: { param: string | null } };
+  assert.equal(error.param, 'x-workflow-id');
+});
