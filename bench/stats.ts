@@ -104,7 +104,7 @@ export function benchFlags(argv: readonly string[], spec: FlagSpec): Map<string,
  * What `--help` prints for the benchmark program at `path`: the comment that opens its file (what
  * it measures and its command line, kept there for readers of the source) and its flags.
  */
-export function usageText(path: string, spec: FlagSpec): string {
+function usageText(path: string, spec: FlagSpec): string {
   const source = readFileSync(path, 'utf8');
   const opening = /^\/\*\*\n([\s\S]*?)\n \*\//.exec(source);
   const comment = opening ? opening[1].replace(/^ \* ?/gm, '') + '\n\n' : '';

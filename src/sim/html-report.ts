@@ -476,7 +476,8 @@ function loadChart(r: PolicyResult, runEnd: number, events: ReadonlyArray<Worker
     B = 40;
   const tl = r.loadTimeline;
   if (tl.length < 2) return '<p>(no chart: the run ended before a second sample of KV usage was taken)</p>';
-  const tMax = Math.max(runEnd, tl[tl.length - 1].t) || 1;
+  // runEnd is the longest run's end, this one's included
+  const tMax = runEnd || 1;
   const x = (t: number) => L + (t / tMax) * (W - L - R);
   const y = (u: number) => H - B - u * (H - B - T);
   const workers = tl[0].kvUsage.length;

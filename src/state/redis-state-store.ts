@@ -492,9 +492,6 @@ for i, key in ipairs(KEYS) do
 end
 return out`;
 
-/** The longest block entry read before the router's bound is known (attach() sets it): the channel's default bound. */
-const MAX_CHAIN_BYTES_UNSET = 8 * 1024 * 1024;
-
 /** Bytes of block entries one READ_CHAINS reply holds at most (past its last entry, which may reach maxMessageBytes()). */
 const CHAIN_READ_BYTES = 16 * 1024 * 1024;
 
@@ -2340,10 +2337,14 @@ export class RedisStateStore implements StateStore {
    * answered pass CHAIN_READ_BYTES (the rest are read next).
    */
   private async readChainBatch(keys: string[]): Promise<Array<string | number | null>> {
-    const max = Number.isFinite(this.maxMessageBytes) ? this.maxMessageBytes : MAX_CHAIN_BYTES_UNSET;
-    return (await this.cmd.eval(READ_CHAINS, keys.length, ...keys, String(max), String(CHAIN_READ_BYTES))) as Array<
-      string | number | null
-    >;
+    // attach() has set the bound (from the router's block size) before any resynchronisation reads
+    return (await this.cmd.eval(
+      READ_CHAINS,
+      keys.length,
+      ...keys,
+      String(this.maxMessageBytes),
+      String(CHAIN_READ_BYTES),
+    )) as Array<string | number | null>;
   }
 
   /**

@@ -15,8 +15,10 @@ import { isWorkerId } from '../core/validate.js';
 import {
   DECIDED,
   hasShape,
+  isText,
   isWorkflowStep,
   KV_EVENTS,
+  optional,
   PREFILLED,
   REFUSED,
   RELEASED,
@@ -425,6 +427,18 @@ export function hashingFingerprint(
   return fp;
 }
 
+/** What a stored fingerprint holds (hasShape): a value of another shape is garbage, replaced. */
+const FINGERPRINT: Shape = {
+  v: (x) => x === 1,
+  blockSize: Number.isSafeInteger,
+  textChunkBytes: Number.isSafeInteger,
+  blockHash: isText,
+  prefixCachingHashAlgo: optional(isText),
+  tokenize: optional((x) => x === 'text' || x === 'tokens'),
+  chatRendering: optional((x) => x === 'vllm' || x === 'sglang'),
+  probe: isText,
+};
+
 /** A stored fingerprint read back; undefined for anything that is not one (garbage). */
 export function parseFingerprint(value: string): HashingFingerprint | undefined {
   let v: unknown;
@@ -433,11 +447,7 @@ export function parseFingerprint(value: string): HashingFingerprint | undefined 
   } catch {
     return undefined;
   }
-  if (v === null || typeof v !== 'object' || Array.isArray(v)) return undefined;
-  const f = v as Record<string, unknown>;
-  if (f.v !== 1 || typeof f.probe !== 'string' || typeof f.blockHash !== 'string') return undefined;
-  if (!Number.isSafeInteger(f.blockSize) || !Number.isSafeInteger(f.textChunkBytes)) return undefined;
-  return f as unknown as HashingFingerprint;
+  return !Array.isArray(v) && hasShape(v, FINGERPRINT) ? (v as HashingFingerprint) : undefined;
 }
 
 /**
