@@ -139,6 +139,13 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
     if (r.session_id !== undefined && (typeof r.session_id !== 'string' || r.session_id === ''))
       throw fail('"session_id" must be a non-empty string');
     const chunks = ids as Partial<Record<ChunkComponent, number[]>>;
+    // the simulated router takes at most this many (its maxContentAnchors): refused here, before
+    // its blocks are worked out, not mid-replay
+    const passageCount = chunks.passages_ids?.length ?? 0;
+    if (passageCount > MAX_CONTENT_ANCHORS)
+      throw fail(
+        `"hash_ids.passages_ids" names ${passageCount} passages, more than the ${MAX_CONTENT_ANCHORS} a request may name`,
+      );
     const hashIds = prefixBlockIds(
       chunks,
       { sys_prompt: chunkLengths('sys_prompt'), history: chunkLengths('history') },
@@ -146,12 +153,6 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
       Math.floor(Math.max(1, inputLength) / blockSize),
     );
     const passages = chunkLengths('passages_ids');
-    // the simulated router takes at most this many (its maxContentAnchors): refused here, not mid-replay
-    const passageCount = chunks.passages_ids?.length ?? 0;
-    if (passageCount > MAX_CONTENT_ANCHORS)
-      throw fail(
-        `"hash_ids.passages_ids" names ${passageCount} passages, more than the ${MAX_CONTENT_ANCHORS} a request may name`,
-      );
     const anchors = (chunks.passages_ids ?? []).map((id) => ({
       id: `passage-${id}`,
       tokens: passages.get(id) ?? 0,
