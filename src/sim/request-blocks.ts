@@ -6,11 +6,12 @@ import type { TraceRequest } from './trace.js';
  * The KV blocks of a trace request, keyed the same way by the engine model, the bounds and
  * the pooled-LRU reference, so all three count prefixes, content anchors, CLA groups and
  * isolation alike:
- * - prefix blocks: the trace's hash ids under the request's namespace (CLA group, and the
- *   cache salt of an isolated request), only the full blocks of the prompt outside anchors;
+ * - prefix blocks: the trace's hash ids under the request's namespace (its model, as vLLM keys
+ *   a LoRA adapter's blocks; its CLA group; the cache salt of an isolated request), only the
+ *   full blocks of the prompt outside anchors;
  * - content anchors: each passage takes ceil(tokens / block) blocks of its own, keyed by the
- *   passage id under the same namespace (a passage cached for one CLA group or one isolated
- *   request is not another's).
+ *   passage id under the same namespace (a passage cached for one model, one CLA group or one
+ *   isolated request is not another's).
  */
 export interface RequestBlocks {
   keys: Float64Array;
@@ -49,7 +50,7 @@ export function fullBlockIds(req: TraceRequest): readonly number[] {
 }
 
 function computeBlocks(req: TraceRequest, cacheSalt: string | undefined, scratch: BlockHashes): RequestBlocks {
-  const ns = { claGroup: req.claGroup ?? null, cacheSalt: cacheSalt ?? null };
+  const ns = { lora: req.model ?? null, claGroup: req.claGroup ?? null, cacheSalt: cacheSalt ?? null };
   const ids = fullBlockIds(req);
   hashPrecomputedBlocks(ids, req.blockSize, ns, scratch);
   const n = scratch.length;

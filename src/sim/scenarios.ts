@@ -141,10 +141,16 @@ export function checkScenario(s: ScenarioOptions, workers: number): void {
   }
 }
 
-/** What the caller of the seed's API would name as the anchor: the workflow, else the first block. */
+/** What the caller of the seed's API would name as the anchor: the workflow, else the first block (per model). */
 export function seedAnchor(req: TraceRequest): string | undefined {
-  if (req.sessionId !== undefined) return `session:${req.sessionId}`;
-  return req.hashIds.length > 0 ? `block:${req.hashIds[0]}` : undefined;
+  const anchor =
+    req.sessionId !== undefined
+      ? `session:${req.sessionId}`
+      : req.hashIds.length > 0
+        ? `block:${req.hashIds[0]}`
+        : undefined;
+  // another model's KV is of no use: its requests anchor apart
+  return anchor !== undefined && req.model !== undefined ? `model:${req.model}/${anchor}` : anchor;
 }
 
 /** Counts a run's scenario effects (reported per policy). */

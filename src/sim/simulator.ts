@@ -11,7 +11,7 @@ import { MAX_CONTENT_ANCHORS, MAX_PROMPT_TOKENS } from '../core/router/options-s
 import { EngineModel, type EngineConfig, type EngineRequest, type StepResult } from '../engine-model/index.js';
 import { fullBlockIds, requestBlocks } from './request-blocks.js';
 import { checkScenario, RouterFleet, seedAnchor, type ScenarioOptions } from './scenarios.js';
-import { checkReplayable, MAX_SIMULATED_SPAN_MS, ReplayError, type TraceRequest } from './trace.js';
+import { checkReplayable, MAX_SIMULATED_SPAN_MS, MAX_TRACE_ID_BYTES, ReplayError, type TraceRequest } from './trace.js';
 import { percentile } from './percentile.js';
 
 export { requestBlocks } from './request-blocks.js';
@@ -270,6 +270,8 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
         maxPromptTokens: MAX_PROMPT_TOKENS,
         // nor its bound on content anchors: the trace readers refuse a request naming more than this
         maxContentAnchors: MAX_CONTENT_ANCHORS,
+        // nor its bound on ids: the seed's anchor puts a prefix and the model before a trace's id
+        maxIdBytes: 4 * MAX_TRACE_ID_BYTES,
         ...options.router,
         policy,
         indexMode: 'precise',
@@ -384,6 +386,8 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
         blockTokens: req.blockSize,
         promptTokens: Math.max(1, req.inputLength),
         claGroup: req.claGroup ?? null,
+        // a model's KV is its own (request-blocks.ts keys the engine's blocks the same way)
+        lora: req.model,
         workflowId: req.sessionId,
         workflowStep: req.step ?? null,
         agentRole: req.agentRole,

@@ -1,4 +1,5 @@
 import { MAX_CONTENT_ANCHORS } from '../core/router/options-schema.js';
+import { DEFAULT_MAX_ID_BYTES, longerThanUtf8Bytes } from '../core/validate.js';
 import { MAX_TRACE_REQUESTS, tooManyRecords, traceBlockCounter, TraceFormatError, traceLines } from './trace-lines.js';
 
 export { MAX_TRACE_BLOCKS, MAX_TRACE_LINE_CHARS, MAX_TRACE_REQUESTS, TraceFormatError } from './trace-lines.js';
@@ -23,6 +24,11 @@ export interface TraceRequest {
   /** Content anchors (position-independent chunks) and their token lengths. */
   anchors?: Array<{ id: string; tokens: number }>;
   isolate?: boolean;
+  /**
+   * The model the request names: its KV is the model's own, as vLLM keys a LoRA adapter's blocks
+   * by the adapter (the simulated router is told it as `lora`). Every simulated worker serves
+   * every model.
+   */
   model?: string;
 }
 
@@ -31,6 +37,13 @@ export interface TraceRequest {
  * an engine refuses longer ones anyway, and the prefix blocks a trace implies stay bounded.
  */
 export const MAX_TRACE_REQUEST_TOKENS = 16 * 1024 * 1024;
+
+/**
+ * Longest id a trace line may give (`session_id`, `agent_role`, `model`, an anchor), in UTF-8
+ * bytes: a router's default `maxIdBytes`. The simulated router takes ids a few times longer, so
+ * that the seed's anchor built from one (`session:` and the model before it) still fits.
+ */
+export const MAX_TRACE_ID_BYTES = DEFAULT_MAX_ID_BYTES;
 
 /**
  * Parses one Mooncake JSONL line; throws TraceFormatError naming the file (`source`), the line
@@ -101,7 +114,7 @@ export function parseTraceLine(text: string, index: number, defaultBlockSize = 5
     // the router refuses an empty role (request.agentRole)
     if (typeof r.agent_role !== 'string' || r.agent_role === '')
       throw new TraceFormatError(index, '"agent_role" must be a non-empty string', source);
-    req.agentRole = r.agent_role;
+    req.agentRole = traceId(r.agent_role, 'agent_role', index, source);
   }
   if (r.anchors !== undefined) {
     const ids = r.anchors;
@@ -138,8 +151,9 @@ export function parseTraceLine(text: string, index: number, defaultBlockSize = 5
     req.isolate = r.isolate;
   }
   if (r.model !== undefined) {
-    if (typeof r.model !== 'string') throw new TraceFormatError(index, '"model" must be a string', source);
-    req.model = r.model;
+    if (typeof r.model !== 'string' || r.model === '')
+      throw new TraceFormatError(index, '"model" must be a non-empty string', source);
+    req.model = traceId(r.model, 'model', index, source);
   }
   return req;
 }
@@ -199,7 +213,17 @@ function checkBlockCount(req: TraceRequest, declared: boolean, source: string): 
  * or a number (Mooncake-style traces number them) as its decimal text.
  */
 function traceId(value: unknown, key: string, index: number, source: string): string {
-  if ((typeof value === 'string' && value !== '') || typeof value === 'number') return String(value);
+  if ((typeof value === 'string' && value !== '') || typeof value === 'number') {
+    const id = String(value);
+    // checked here, naming the line: the simulated router would stop the replay midway
+    if (longerThanUtf8Bytes(id, MAX_TRACE_ID_BYTES))
+      throw new TraceFormatError(
+        index,
+        `"${key}" must be at most ${DEFAULT_MAX_ID_BYTES} bytes of UTF-8, got ${id.length} characters`,
+        source,
+      );
+    return id;
+  }
   throw new TraceFormatError(index, `"${key}" must be a non-empty string or a number`, source);
 }
 

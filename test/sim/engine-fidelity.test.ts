@@ -85,6 +85,37 @@ describe('bounds and the pooled-LRU reference count as the engine counts', () =>
     assert.equal(computeBounds([base(0, {}), base(1, {})], { blendRecompute: 0 }).infiniteCacheHitRate, 128 / 512);
   });
 
+  test("a trace's model keys its KV: another model's requests reuse none of it, under every policy", () => {
+    const ids = [1, 2, 3, 4];
+    const trace = [
+      request(0, 0, ids, 250, 1, { model: 'base' }),
+      request(1, 5000, ids, 250, 1, { model: 'base' }),
+      request(2, 10_000, ids, 250, 1, { model: 'adapter-a' }),
+      request(3, 15_000, ids, 250, 1),
+    ];
+    // the second request finds the first's three full blocks; the other model's and the unnamed one's find nothing
+    assert.equal(computeBounds(trace).infiniteCacheHitRate, 192 / 1000);
+    for (const policy of ['cost', 'seed', 'dynamo', 'sglang', 'llmd', 'round-robin']) {
+      const r = simulate(trace, { workers: 1, policy });
+      assert.deepEqual(
+        r.outcomes.map((o) => o.cachedTokens),
+        [0, 192, 0, 0],
+        policy,
+      );
+    }
+    // ids as long as a trace line may give them reach every policy's router, the seed's anchor too
+    const long = (c: string) => c.repeat(1024);
+    const named = [0, 1].map((i) =>
+      request(i, i * 5000, ids, 250, 1, { model: long('m'), sessionId: long('s'), agentRole: long('r') }),
+    );
+    for (const policy of ['cost', 'seed'])
+      assert.deepEqual(
+        simulate(named, { workers: 2, policy }).outcomes.map((o) => o.cachedTokens),
+        [0, 192],
+        policy,
+      );
+  });
+
   test('no policy passes the bounds on random traces with anchors, CLA groups, isolation and refusals (property)', () => {
     const traceArb = fc
       .array(

@@ -200,6 +200,12 @@ describe('RAGPulse loader, hostile directories', () => {
       [
         '0_trace.jsonl',
         2,
+        (s) => s.replace(/"session_id": "[^"]*"/, `"session_id": "${'s'.repeat(1025)}"`),
+        /0_trace\.jsonl line 2: "session_id" must be at most 1024 bytes of UTF-8, got 1025 characters$/,
+      ],
+      [
+        '0_trace.jsonl',
+        2,
         (s) => s.replace('"input_length": 3167', '"input_length": 10'),
         /0_trace\.jsonl line 2: its passages \(hash_ids\.passages_ids, lengths from 2_passages\.jsonl\) add up to \d+ tokens, more than "input_length" \(10\)$/,
       ],

@@ -50,6 +50,16 @@ describe('Mooncake trace loader', () => {
       ['"anchors":[""],"anchor_lengths":[10]', '"anchors[0]" must be a non-empty string or a number'],
       ['"anchors":["a",{"id":1}],"anchor_lengths":[1,2]', '"anchors[1]" must be a non-empty string or a number'],
       ['"anchors":[null],"anchor_lengths":[1]', '"anchors[0]" must be a non-empty string or a number'],
+      ['"model":""', '"model" must be a non-empty string'],
+      ['"model":3', '"model" must be a non-empty string'],
+      // past the router's id bound (1,024 bytes of UTF-8): it stopped the replay midway, naming no line
+      [`"session_id":"${'s'.repeat(1025)}"`, '"session_id" must be at most 1024 bytes of UTF-8, got 1025 characters'],
+      [`"agent_role":"${'é'.repeat(513)}"`, '"agent_role" must be at most 1024 bytes of UTF-8, got 513 characters'],
+      [`"model":"${'m'.repeat(1025)}"`, '"model" must be at most 1024 bytes of UTF-8, got 1025 characters'],
+      [
+        `"anchors":["${'a'.repeat(1025)}"],"anchor_lengths":[1]`,
+        '"anchors[0]" must be at most 1024 bytes of UTF-8, got 1025 characters',
+      ],
     ];
     for (const [extra, message] of cases)
       assert.throws(
