@@ -403,6 +403,37 @@ describe('metrics scraper', () => {
     }
   });
 
+  test("an engine whose page did not move is not idle while another replica's requests are on it", async () => {
+    // SGLang decoding: its gauges and counters move every 40 decode steps, seconds apart at a
+    // large batch, so two scrapes 200 ms apart often read the same page of a busy engine
+    const busy =
+      'sglang:num_running_reqs{model_name="m"} 48\nsglang:num_queue_reqs{model_name="m"} 9\n' +
+      'sglang:token_usage{model_name="m"} 0.93\n' +
+      'sglang:realtime_tokens_total{model_name="m",mode="decode"} 7000\n';
+    const engine = createServer((_, res) => res.end(busy));
+    await new Promise<void>((r) => engine.listen(0, '127.0.0.1', r));
+    try {
+      const url = `http://127.0.0.1:${(engine.address() as AddressInfo).port}/metrics`;
+      const router = new KVAwareRouter({ blockSize: 16 });
+      router.registerWorker('w0');
+      const w0 = router.listWorkers()[0];
+      // the requests another gateway process (--processes N) or replica has on it, as shared
+      router.setRemoteLoad('w0', { inFlightRequests: 57, queuedPrefillTokens: 0, activeDecodeTokens: 0 });
+      const scraper = new MetricsScraper(router, [{ workerId: 'w0', url }]);
+      await scraper.scrapeAll();
+      await scraper.scrapeAll();
+      assert.equal(w0.load, 0.93, "the fleet's requests hold its KV: not idle");
+      assert.equal(w0.runningRequests, 48);
+      assert.equal(w0.waitingRequests, 9);
+      // once no replica has any there, the same still page is an idle engine's
+      router.setRemoteLoad('w0', { inFlightRequests: 0, queuedPrefillTokens: 0, activeDecodeTokens: 0 });
+      await scraper.scrapeAll();
+      assert.equal(w0.load, 0);
+    } finally {
+      engine.close();
+    }
+  });
+
   test('a metrics URL with credentials is scraped with them as Basic authorization, never shown', async () => {
     const seen: (string | undefined)[] = [];
     const guarded = createServer((req, res) => {

@@ -685,6 +685,11 @@ export class KVAwareRouter {
     return localLoad(this.requireRegistered(workerId));
   }
 
+  /** The requests in flight on a worker, this replica's and the others' (setRemoteLoad) together. */
+  inFlightRequests(workerId: string): number {
+    return this.requireRegistered(workerId).inFlightRequests;
+  }
+
   /**
    * The in-flight work other replicas have on a worker (their sum): policies then see the
    * whole fleet's load, not just this replica's, and replicas do not pile onto one worker.

@@ -67,9 +67,10 @@ export interface TargetState extends CheckStreak {
  * Its gauges may then be its last busy step's: SGLang sets them with each prefill batch and every
  * 40 decode steps, and refreshes them only 30 s after it goes idle
  * (scheduler_components/metrics_reporter.py, _maybe_log_idle_metrics); vLLM sets them with each
- * step, and none runs after every request was aborted. With none of this router's requests there
- * either, nothing holds KV or waits on it: what the gauges say is from before. An engine whose
- * page has no progress readings is never taken as idle.
+ * step, and none runs after every request was aborted. With none of the gateway's requests there
+ * either (those of every process and replica sharing the state: a busy SGLang engine's page may
+ * not move between two scrapes while it decodes), nothing holds KV or waits on it: what the
+ * gauges say is from before. An engine whose page has no progress readings is never taken as idle.
  */
 function isIdle(before: EngineLoad | undefined, now: EngineLoad): boolean {
   const a = before?.progress;
@@ -188,7 +189,9 @@ export class MetricsScraper {
       }
       const load = readEngineLoad(await readBoundedText(res.body, MAX_METRICS_BYTES, '/metrics'), t.engine);
       if (this.states.get(workerId) !== s) return; // removed while scraping
-      const idle = isIdle(s.lastLoad, load) && this.router.localLoad(workerId).inFlightRequests === 0;
+      // the requests of every gateway process and replica count (shared in-flight load): another's
+      // on an engine whose page has not moved for a while (SGLang decoding) make it no idle one
+      const idle = isIdle(s.lastLoad, load) && this.router.inFlightRequests(workerId) === 0;
       s.lastLoad = load;
       // an idle engine holds no request's KV and queues nothing, whatever its gauges still say
       this.router.updateWorkerMetrics(workerId, {
