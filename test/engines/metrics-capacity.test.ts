@@ -47,3 +47,27 @@ test('no capacity when the gauge is missing or its labels are not counts', () =>
   assert.equal(readKvCapacityTokens('vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1'), undefined);
   assert.equal(readKvCapacityTokens('vllm:cache_config_info{block_size="16"'), undefined);
 });
+
+test("vLLM with data parallelism: num_gpu_blocks is every engine's together, kv_cache_size_tokens one engine's", () => {
+  // the API server sums num_gpu_blocks over the engines it manages and keeps kv_cache_size_tokens
+  // as the first engine's (vllm/v1/engine/core_client.py MPClient._apply_ready_response), and
+  // writes the one CacheConfig once per engine index (loggers.py log_metrics_info)
+  const info = (labels: string) =>
+    ['0', '1', '2', '3'].map((e) => `vllm:cache_config_info{block_size="16",engine="${e}",${labels}} 1.0\n`).join('');
+  const load = 'vllm:num_requests_running{engine="0"} 1\nvllm:num_requests_running{engine="1"} 1\n';
+  // 4 engines of 1,000 blocks each
+  const summed = info('num_gpu_blocks="4000"');
+  assert.equal(readKvCapacityTokens(summed, '2'), 16_000, "a rank's own KV cache");
+  assert.equal(readEngineLoad(load + summed, '1').kvCapacityTokens, 16_000);
+  assert.equal(readKvCapacityTokens(summed), 64_000, 'the worker read whole: every rank');
+  assert.equal(readEngineLoad(load + summed).kvCapacityTokens, 64_000);
+  const sized = info('kv_cache_size_tokens="16000",num_gpu_blocks="4000"');
+  assert.equal(readKvCapacityTokens(sized, '0'), 16_000);
+  assert.equal(readKvCapacityTokens(sized), 64_000);
+  // one series per API-server process of the same engine (no multiprocess mode): still one engine
+  const perProcess =
+    'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="1000",pid="11"} 1.0\n' +
+    'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="1000",pid="12"} 1.0\n';
+  assert.equal(readKvCapacityTokens(perProcess), 16_000);
+  assert.equal(readKvCapacityTokens(perProcess, '0'), 16_000);
+});

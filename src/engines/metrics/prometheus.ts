@@ -478,7 +478,7 @@ export function readEngineLoad(text: string, engine?: string): EngineLoad {
   const h = counter(s, HITS);
   if (q !== undefined) load.prefixCacheQueries = q;
   if (h !== undefined) load.prefixCacheHits = h;
-  const capacity = vllmKvCapacityTokens(text) ?? sglangKvCapacityTokens(s);
+  const capacity = vllmKvCapacityTokens(text, engine) ?? sglangKvCapacityTokens(s);
   if (capacity !== undefined) load.kvCapacityTokens = capacity;
   const progress = engineProgress(s, load);
   if (progress !== undefined) load.progress = progress;
@@ -556,7 +556,7 @@ const CACHE_CONFIG_INFO = 'vllm:cache_config_info{';
  */
 export function readKvCapacityTokens(text: string, engine?: string): number | undefined {
   return (
-    vllmKvCapacityTokens(text) ??
+    vllmKvCapacityTokens(text, engine) ??
     sglangKvCapacityTokens(parsePrometheusText(text, engine, CAPACITY_NAMES, MAX_LOAD_SERIES))
   );
 }
@@ -588,19 +588,51 @@ function sglangKvCapacityTokens(series: Map<string, Sample[]>): number | undefin
 
 /**
  * The KV capacity in tokens from vLLM's info gauge, whose labels are the engine's
- * CacheConfig (`vllm:cache_config_info{block_size="16",…,num_gpu_blocks="17854",…} 1.0`):
- * its `kv_cache_size_tokens` when that is a positive number (releases that have it:
+ * CacheConfig (`vllm:cache_config_info{block_size="16",…,num_gpu_blocks="17854",…} 1.0`), of
+ * one data-parallel rank when `engine` is given, else of every rank on the page: one engine's
+ * `kv_cache_size_tokens` when that is a positive number (releases that have it:
  * vllm/config/cache.py, the capacity counted over the KV cache groups, which
  * num_gpu_blocks × block_size gets wrong for hybrid models whose requests hold blocks in
  * several groups), else num_gpu_blocks × block_size (earlier releases; "None" before the KV
  * cache is set up); undefined when the page has none or its labels are not positive integers.
+ *
+ * With data parallelism the API server writes its one CacheConfig once per engine index
+ * (`engine="r"`; vllm/v1/metrics/loggers.py PrometheusStatLogger.log_metrics_info), where
+ * num_gpu_blocks is the sum over the engines it manages ("Sum num_gpu_blocks from all engines
+ * in DP case") and kv_cache_size_tokens the first engine's ("Keep these as per-engine
+ * cache_config_info values; do not sum across DP"): vllm/v1/engine/core_client.py
+ * MPClient._apply_ready_response (at vllm-project/vllm 00080ee1; releases before it summed
+ * num_gpu_blocks the same way in vllm/v1/engine/utils.py wait_for_engine_startup). So a rank's capacity is
+ * kv_cache_size_tokens, or num_gpu_blocks × block_size over the engine indexes the page names,
+ * and the whole page's that times their number, as SGLang's is summed over its ranks.
  */
-function vllmKvCapacityTokens(text: string): number | undefined {
-  const at = text.indexOf(CACHE_CONFIG_INFO);
-  if (at < 0) return undefined;
-  const end = findLabelsEnd(text.slice(at + CACHE_CONFIG_INFO.length - 1, at + CACHE_CONFIG_INFO.length + 4096));
-  if (end < 0) return undefined;
-  const labels = text.slice(at + CACHE_CONFIG_INFO.length, at + CACHE_CONFIG_INFO.length - 1 + end);
+function vllmKvCapacityTokens(text: string, engine?: string): number | undefined {
+  const infos: string[] = [];
+  const engines = new Set<string>();
+  for (let at = text.startsWith(CACHE_CONFIG_INFO) ? 0 : text.indexOf(`\n${CACHE_CONFIG_INFO}`); at >= 0;) {
+    if (text[at] === '\n') at++;
+    const from = at + CACHE_CONFIG_INFO.length;
+    const end = findLabelsEnd(text.slice(from - 1, from + 4096));
+    if (end >= 0) {
+      const labels = text.slice(from, from - 1 + end);
+      infos.push(labels);
+      engines.add(/(?:^|,)\s*engine="([^"\\]*)"/.exec(labels)?.[1] ?? '');
+      // more than any engine writes (one per engine index): no capacity is read from it
+      if (infos.length > MAX_LOAD_SERIES) return undefined;
+    }
+    at = text.indexOf(`\n${CACHE_CONFIG_INFO}`, from);
+  }
+  const ranks = engines.size;
+  if (ranks === 0) return undefined;
+  let perEngine: number | undefined;
+  for (const labels of infos) if ((perEngine = oneEngineKvTokens(labels, ranks)) !== undefined) break;
+  if (perEngine === undefined) return undefined;
+  const tokens = engine === undefined ? perEngine * ranks : perEngine;
+  return Number.isSafeInteger(tokens) && tokens > 0 ? tokens : undefined;
+}
+
+/** One engine's KV capacity by a cache_config_info label set whose num_gpu_blocks is `ranks` engines'. */
+function oneEngineKvTokens(labels: string, ranks: number): number | undefined {
   const label = (name: string): number => {
     const m = new RegExp(`(?:^|,)\\s*${name}="(\\d+)"`).exec(labels);
     return m ? Number(m[1]) : NaN;
@@ -608,7 +640,7 @@ function vllmKvCapacityTokens(text: string): number | undefined {
   const size = /(?:^|,)\s*kv_cache_size_tokens="([^"]*)"/.exec(labels);
   const sized = size && size[1].trim() !== '' ? Math.floor(Number(size[1])) : NaN;
   if (Number.isSafeInteger(sized) && sized > 0) return sized;
-  const tokens = label('num_gpu_blocks') * label('block_size');
+  const tokens = Math.floor((label('num_gpu_blocks') * label('block_size')) / ranks);
   return Number.isSafeInteger(tokens) && tokens > 0 ? tokens : undefined;
 }
 
