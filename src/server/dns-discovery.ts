@@ -1,4 +1,5 @@
 import { lookup } from 'node:dns/promises';
+import { BlockList, isIP } from 'node:net';
 import type { WorkerRecord } from '../state/state-store.js';
 
 /**
@@ -78,40 +79,59 @@ function ipv6WorkerId(address: string, port: number): string {
   return `${spelled.replaceAll(':', '-')}-${port}`;
 }
 
+/** A BlockList of the rules `add` adds. */
+function blockList(add: (list: BlockList) => void): BlockList {
+  const list = new BlockList();
+  add(list);
+  return list;
+}
+
 /**
- * Why no engine can be reached at an address (undefined: it may be one): the unspecified address
- * (0.0.0.0, `::`; what sinkhole resolvers answer for a name they block, and a connection to it
- * reaches this host: the gateway itself, or whatever listens here), the rest of 0.0.0.0/8 (a
- * source address only), the limited broadcast address and multicast addresses (no TCP
- * connection goes to a group). An IPv4-mapped IPv6 address (`::ffff:0.0.0.0`) is judged as
- * its IPv4 address. `address` is canonical for IPv6 (as a URL writes it, without brackets).
+ * The addresses no engine can be reached at, each with why (the first list that holds an
+ * address names it): the unspecified address (0.0.0.0, `::`; what sinkhole resolvers answer for
+ * a name they block, and a connection to it reaches this host: the gateway itself, or whatever
+ * listens here), the rest of 0.0.0.0/8 (a source address only), the limited broadcast address
+ * and multicast addresses (no TCP connection goes to a group).
+ */
+const UNUSABLE: ReadonlyArray<readonly [BlockList, string]> = [
+  [
+    blockList((l) => {
+      l.addAddress('0.0.0.0', 'ipv4');
+      l.addAddress('::', 'ipv6');
+    }),
+    'is the unspecified address (a sinkhole answer)',
+  ],
+  [blockList((l) => l.addSubnet('0.0.0.0', 8, 'ipv4')), 'is in 0.0.0.0/8 (a source address only)'],
+  [blockList((l) => l.addAddress('255.255.255.255', 'ipv4')), 'is the broadcast address'],
+  [
+    blockList((l) => {
+      l.addSubnet('224.0.0.0', 4, 'ipv4');
+      l.addSubnet('ff00::', 8, 'ipv6');
+    }),
+    'is a multicast address',
+  ],
+];
+
+/**
+ * Why no engine can be reached at an address (undefined: it may be one): one of UNUSABLE's, in
+ * any spelling (`0:0:0:0:0:0:0:0`, `FF02::1`); an IPv4-mapped IPv6 address (`::ffff:0.0.0.0`,
+ * `::ffff:e000:1`) is judged as its IPv4 address, as a connection to it goes there. A text that
+ * is no IP address is refused too (a URL would read `0` as 0.0.0.0).
  */
 export function unusableAddress(address: string): string | undefined {
-  let v4 = address;
-  if (address.includes(':')) {
-    if (address === '::') return 'is the unspecified address (a sinkhole answer): no engine is reached there';
-    if (/^ff[0-9a-f]{2}:/i.test(address)) return 'is a multicast address: no engine is reached there';
-    // a URL writes an IPv4-mapped address in hexadecimal: ::ffff:0:0 is 0.0.0.0
-    const mapped = /^::ffff:([0-9a-f]{1,4}):([0-9a-f]{1,4})$/i.exec(address);
-    if (!mapped) return undefined;
-    const [hi, lo] = [parseInt(mapped[1], 16), parseInt(mapped[2], 16)];
-    v4 = `${hi >> 8}.${hi & 255}.${lo >> 8}.${lo & 255}`;
-  }
-  const octets = v4.split('.').map(Number);
-  if (octets.length !== 4 || octets.some((o) => !Number.isInteger(o) || o < 0 || o > 255)) return undefined;
-  if (octets.every((o) => o === 0)) return 'is the unspecified address (a sinkhole answer): no engine is reached there';
-  if (octets[0] === 0) return 'is in 0.0.0.0/8 (a source address only): no engine is reached there';
-  if (octets.every((o) => o === 255)) return 'is the broadcast address: no engine is reached there';
-  if (octets[0] >= 224 && octets[0] <= 239) return 'is a multicast address: no engine is reached there';
-  return undefined;
+  const family = isIP(address);
+  if (family === 0) return 'is not an IP address';
+  const type = family === 4 ? 'ipv4' : 'ipv6';
+  const unusable = UNUSABLE.find(([list]) => list.check(address, type));
+  return unusable === undefined ? undefined : `${unusable[1]}: no engine is reached there`;
 }
 
 /**
  * The worker for one resolved address: an IPv4 worker's id is `ip:port`, an IPv6 worker's the
  * address's canonical form with `-` for `:` and `-port` (`fd00--5-8000`); its URLs bracket the
  * address (`http://[fd00::5]:8000`). RangeError for an address no URL can hold (an IPv6 address
- * with a zone, `fe80::1%eth0`) and for one no engine can be at (unusableAddress: 0.0.0.0, `::`,
- * broadcast, multicast).
+ * with a zone, `fe80::1%eth0`), for one no engine can be at (unusableAddress: 0.0.0.0, `::`,
+ * broadcast, multicast) and for a text that is no IP address.
  */
 export function workerForAddress(spec: DnsDiscoverySpec, address: string): WorkerRecord {
   let host = address;

@@ -68,3 +68,37 @@ test('workerForAddress refuses the addresses no engine is at, and takes ordinary
     );
   assert.equal(workerForAddress(spec, '10.0.0.1').url, 'http://10.0.0.1:8000');
 });
+
+test('an address no engine is at is refused in every spelling a resolver gives; a text that is no IP address too', () => {
+  // as node's lookup writes them (IPv4-mapped with its IPv4 address dotted), uncompressed, in
+  // capitals, with leading zeros; and as a URL writes a mapped address (hexadecimal)
+  const unusable = {
+    unspecified: ['0:0:0:0:0:0:0:0', '0000::', '::0.0.0.0', '::ffff:0.0.0.0', '0:0:0:0:0:FFFF:0:0', '::ffff:0:0'],
+    '0.0.0.0/8': ['::ffff:0.1.2.3', '::FFFF:1:203'],
+    broadcast: ['::ffff:255.255.255.255', '0:0:0:0:0:ffff:ffff:ffff'],
+    multicast: [
+      '::ffff:224.0.0.1',
+      '::ffff:e000:1',
+      '::FFFF:E000:0001',
+      '::ffff:239.255.255.255',
+      'FF02::1',
+      'ff0e:0:0:0:0:0:0:1',
+    ],
+  };
+  for (const [kind, addresses] of Object.entries(unusable))
+    for (const a of addresses) {
+      assert.match(unusableAddress(a) ?? '', new RegExp(kind.replaceAll('.', '\\.')), a);
+      assert.throws(() => workerForAddress(spec, a), RangeError, a);
+    }
+  // an IPv4-compatible address is an IPv6 address to the kernel (it does not go to the IPv4
+  // address): ::e000:1 is not 224.0.0.1, and ::1 is the loopback address
+  for (const a of ['::e000:1', '::224.0.0.1', '::1', '0:0:0:0:0:0:0:1', 'FE80::1', '::ffff:10.0.0.1', '::FFFF:A00:1']) {
+    assert.equal(unusableAddress(a), undefined, a);
+    assert.ok(workerForAddress(spec, a).url.startsWith('http://['), a);
+  }
+  // no resolver answers these, but a URL reads each as an address: 0 is 0.0.0.0, 010.0.0.1 is 8.0.0.1
+  for (const a of ['0', '4294967295', '0x7f.1', '010.0.0.1', '1.2.3', ''])
+    assert.throws(() => workerForAddress(spec, a), /is not an IP address/, a);
+  // a zone cannot be written in a URL
+  assert.throws(() => workerForAddress(spec, 'fe80::1%eth0'), /cannot be written in a URL/);
+});
