@@ -40,6 +40,26 @@ describe('KV event applier', () => {
     assert.equal(applier.trackedBlocks('w1'), 3);
   });
 
+  test("a worker of one CLA group keys its stored blocks under it, as that group's requests hash their prompts", () => {
+    const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
+    router.registerWorker('g2', { claGroups: [2] });
+    router.registerWorker('g23', { claGroups: [2, 3] });
+    router.registerWorker('plain');
+    const applier = new KvEventApplier(router);
+    for (const w of ['g2', 'g23', 'plain']) applier.apply(w, batch(stored([10n, 11n], null, tokens(0, 8))));
+    const cached = (claGroup: number | null) => {
+      const d = router.route({ tokens: tokens(0, 10), claGroup }, { dryRun: true, explain: true });
+      return Object.fromEntries(d.explain!.map((e) => [e.worker, e.cachedTokens]));
+    };
+    // group 2's requests find the KV of the worker serving group 2 alone; a worker serving
+    // several groups cannot tell which a block was made under, and keys it under none
+    assert.deepEqual(cached(2), { g2: 8, g23: 0, plain: 0 });
+    assert.deepEqual(cached(null), { g2: 0, g23: 8, plain: 8 });
+    assert.equal(router.claGroupOf('g2'), 2);
+    assert.equal(router.claGroupOf('g23'), null);
+    assert.equal(router.claGroupOf('plain'), null);
+  });
+
   test('removed events are applied through the engine-hash map; unknown ones are counted', () => {
     const { router, applier } = setup();
     applier.apply('w0', batch(stored([10n, 11n, 12n], null, tokens(0, 12))));

@@ -202,6 +202,17 @@ export class KVAwareRouter {
     return this.requireRegistered(workerId).info.blockSize ?? this.blockSize;
   }
 
+  /**
+   * The CLA group a worker's KV is made under: its one group, or null when it serves none or
+   * several (its engine's KV events do not say which group a block was made under).
+   */
+  claGroupOf(workerId: string): number | null {
+    const groups = this.requireRegistered(workerId).claGroups;
+    if (groups.size !== 1) return null;
+    for (const g of groups) return g;
+    return null;
+  }
+
   /** Most blocks the longest prompt (maxPromptTokens) has on a worker: what a shared decision may record there. */
   maxPromptBlocks(workerId: string): number {
     return Math.ceil(this.maxPromptTokens / this.blockSizeOf(workerId));

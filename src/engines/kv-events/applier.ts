@@ -243,7 +243,7 @@ export function trackedBlocksBound(maxIndexEntries: number, workers: number): nu
 }
 
 export interface WorkerNamespace {
-  /** The CLA group the worker's KV is made under, if it serves exactly one. */
+  /** The CLA group the worker's KV is made under (default: the one group it is registered with, if it serves exactly one). */
   claGroup?: number | null;
   /** Tokens per KV block on this worker (default: the router's block size). */
   blockSize?: number;
@@ -312,6 +312,17 @@ export class KvEventApplier {
     this.hashMode = mode;
     this.vllmHashAlgo = router.keying.vllmAlgo ?? 'sha256_cbor';
     this.maxTrackedBlocks = options.maxTrackedBlocks;
+  }
+
+  /**
+   * The CLA group a worker's stored blocks are keyed under, as a request of that group hashes
+   * its prompt: the one given for it, else the one group it serves (none for a worker serving
+   * none or several: an engine's events do not say which group a block was made under).
+   * Keyed under none, every block of a worker of one group was missed by that group's requests.
+   */
+  private claGroupOf(workerId: string): number | null {
+    const given = this.namespaces.get(workerId)?.claGroup;
+    return given !== undefined ? given : this.router.claGroupOf(workerId);
   }
 
   /** Blocks tracked per worker before its entries are dropped, with the workers registered now. */
@@ -643,10 +654,7 @@ export class KvEventApplier {
       let parentHi: number;
       let parentLo: number;
       if (e.parentBlockHash === null) {
-        chainRoot(
-          { lora: loraOf(e), cacheSalt: saltOf(e), claGroup: this.namespaces.get(workerId)?.claGroup ?? null },
-          this.root,
-        );
+        chainRoot({ lora: loraOf(e), cacheSalt: saltOf(e), claGroup: this.claGroupOf(workerId) }, this.root);
         parentHi = this.root[0];
         parentLo = this.root[1];
       } else {
