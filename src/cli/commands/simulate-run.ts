@@ -61,7 +61,13 @@ export async function runSimulate(flags: SimulateFlags): Promise<void> {
       blendRecompute: flags.blendRecompute,
     },
     scenario,
-    router: flags.policyOptions ? { policyOptions: flags.policyOptions } : undefined,
+    router:
+      flags.policyOptions || flags.judgeRoles
+        ? {
+            ...(flags.policyOptions ? { policyOptions: flags.policyOptions } : {}),
+            ...(flags.judgeRoles ? { judgeRoles: flags.judgeRoles } : {}),
+          }
+        : undefined,
   };
   let run;
   try {

@@ -3,6 +3,7 @@ import { InvalidArgumentError } from 'commander';
 import { checkPolicyOptions, type PolicyOptions } from '../../core/policies/index.js';
 import { MAX_SEED } from '../../core/rng.js';
 import { quotedText } from '../../core/shown-text.js';
+import { DEFAULT_MAX_ID_BYTES, longerThanUtf8Bytes } from '../../core/validate.js';
 import type { ScenarioOptions } from '../../sim/scenarios.js';
 import { fractionOption, intOption, pathOption, positiveNumberOption, SIM_LIMITS } from '../options.js';
 
@@ -32,6 +33,7 @@ export interface SimulateFlags extends ScenarioFlags {
   workerKvTokens?: number[];
   scenarioSeed?: number;
   policyOptions?: PolicyOptions;
+  judgeRoles?: string[];
 }
 
 function policyOptionsOption(value: string): PolicyOptions {
@@ -49,6 +51,23 @@ function policyOptionsOption(value: string): PolicyOptions {
   if ((parsed as Record<string, unknown>).costWeights !== undefined)
     throw new InvalidArgumentError('--policy-options: cost weights are not peer options');
   return parsed as PolicyOptions;
+}
+
+/**
+ * `--judge-roles a,b`: the agent roles (a trace's `agent_role`) whose requests reuse no other
+ * request's KV, as the router's `judgeRoles` (at most 1,024 roles, each at most as long as a trace's ids).
+ */
+function judgeRolesOption(value: string): string[] {
+  const roles = value.split(',').map((v) => v.trim());
+  if (roles.some((r) => r === ''))
+    throw new InvalidArgumentError(`--judge-roles must be comma-separated roles, got ${quotedText(value)}`);
+  if (roles.length > 1024) throw new InvalidArgumentError(`--judge-roles names ${roles.length} roles, more than 1024`);
+  const long = roles.find((r) => longerThanUtf8Bytes(r, DEFAULT_MAX_ID_BYTES));
+  if (long !== undefined)
+    throw new InvalidArgumentError(
+      `--judge-roles: a role must be at most ${DEFAULT_MAX_ID_BYTES} bytes of UTF-8, got ${long.length} characters`,
+    );
+  return roles;
 }
 
 // an empty item (`--fail ''`, `w1@1s,`) is kept: it is refused as no WORKER@TIME, not dropped unseen
@@ -162,6 +181,11 @@ export function registerSimulateCommand(program: Command): void {
       '--policy-options <json>',
       'peer policy knobs, e.g. \'{"sglang":{"cacheThreshold":0.5}}\' (see policyOptions)',
       policyOptionsOption,
+    )
+    .option(
+      '--judge-roles <list>',
+      "agent roles (a trace's agent_role) whose requests reuse no other request's KV, as serve's (default: none)",
+      judgeRolesOption,
     )
     .option('--report <file>', 'write a self-contained HTML report', pathOption('--report'))
     .option('--assignments <file>', 'write one JSON line per request and policy', pathOption('--assignments'))
