@@ -222,6 +222,33 @@ describe('workflow continuity', () => {
     }
   });
 
+  test("with a prompt, a step on other tokens goes to the previous step's worker when costs tie", () => {
+    const r = new KVAwareRouter({ blockSize: 4 });
+    for (let i = 0; i < 4; i++) r.registerWorker(`w${i}`);
+    const prompt = (from: number) => Array.from({ length: 16 }, (_, k) => from + k);
+    const first = r.route({ tokens: prompt(0), workflowId: 'wf', workflowStep: 0 });
+    r.release(first.ticket);
+    // nothing of the next steps' prompts is cached anywhere: every idle worker costs the same,
+    // and the rotation alone sent step 1 elsewhere
+    for (let step = 1; step < 4; step++) {
+      const d = r.route({ tokens: prompt(1000 * step), workflowId: 'wf', workflowStep: step }, { explain: true });
+      assert.equal(d.workerId, first.workerId, `step ${step}`);
+      r.release(d.ticket);
+    }
+  });
+
+  test('with a prompt, a CLA group goes to a worker serving it when costs tie', () => {
+    const r = new KVAwareRouter({ blockSize: 4 });
+    r.registerWorker('w0', { claGroups: [1] });
+    r.registerWorker('w1', { claGroups: [2] });
+    r.registerWorker('w2');
+    for (let i = 0; i < 6; i++) {
+      const d = r.route({ tokens: Array.from({ length: 16 }, (_, k) => 100 * i + k), claGroup: 2 });
+      assert.equal(d.workerId, 'w1', `request ${i}`);
+      r.release(d.ticket);
+    }
+  });
+
   test('a step moves when the previous worker is overloaded', async () => {
     const r = await fleet(2);
     const first = await r.selectWorker('s0', { workflowId: 'wf', workflowStep: 0 });

@@ -1,5 +1,5 @@
 import { PendingPrefixes } from './pending-prefixes.js';
-import { pickMaxScore } from './pick.js';
+import { pickMaxScore, TIE_EPSILON } from './pick.js';
 import { PrefixSharers } from './prefix-sharers.js';
 import { resized } from '../typed-arrays.js';
 import type { WorkerState } from '../worker-registry.js';
@@ -457,6 +457,28 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
 }
 
 /**
+ * Among the candidates whose score ties the picked one's, the worker that ran the workflow's
+ * previous step, else one serving the request's CLA group, else the one picked (the rotation).
+ * With blocks the cost counts neither (the cache they stand for is in `cachedTokens`); at equal
+ * cost they still decide, as the seed prefers them: a workflow's next step on other tokens, or a
+ * group's first request on an idle fleet, no longer goes wherever the rotation points.
+ */
+function preferredAmongTies(candidates: readonly Candidate[], scores: Float64Array, picked: number): number {
+  const c = candidates[picked];
+  if (c.continuity) return picked;
+  const tied = scores[picked] - TIE_EPSILON;
+  let serving = c.servesCla ? picked : -1;
+  for (let i = 0; i < candidates.length; i++) {
+    const s = scores[i];
+    // NaN (an excluded worker) fails the comparison
+    if (!(s >= tied)) continue;
+    if (candidates[i].continuity) return i;
+    if (serving < 0 && candidates[i].servesCla) serving = i;
+  }
+  return serving >= 0 ? serving : picked;
+}
+
+/**
  * The default policy (see CostWeights). Ties rotate among the tied workers instead of always
  * going to the first registered one, which would skew a fleet of equally idle workers.
  */
@@ -574,8 +596,10 @@ export class CostPolicy implements RoutingPolicy {
     this.pending.lookup(candidates, request.blocks, Math.ceil(mostCached / request.blockSize));
     this.observeFleet(candidates, request);
     if (this.fleet.newSession) this.boundNewSession(candidates, request);
-    const index = pickMaxScore(this.scoreAll(candidates, request), candidates.length, this.tieBreak, this.scratch);
-    if (index < 0) return NO_CHOICE;
+    const scores = this.scoreAll(candidates, request);
+    const picked = pickMaxScore(scores, candidates.length, this.tieBreak, this.scratch);
+    if (picked < 0) return NO_CHOICE;
+    const index = preferredAmongTies(candidates, scores, picked);
     const chosen = candidates[index];
     const t = this.termsOf(chosen, request);
     const cached = t.cached;
