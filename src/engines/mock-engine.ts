@@ -26,7 +26,11 @@ export { offsetEndpointPort } from './mock/rank-core.js';
  * - `dataParallelSize` N: N engine cores behind one HTTP port, each with its own KV cache,
  *   publishing its events on the events port + rank (vllm/distributed/kv_events.py
  *   offset_endpoint_port) with `data_parallel_rank` set; a request's `X-data-parallel-rank`
- *   header picks its core, otherwise the least busy one takes it.
+ *   header picks its core, otherwise the least busy one takes it. With
+ *   `dataParallelStartRank` S (one node's API server under --data-parallel-hybrid-lb) the
+ *   cores are the global ranks S…S+N−1: they publish on the events port + their rank, stamp
+ *   it and label their /metrics series with it (engine="S"…), while the header names the i-th
+ *   of them as i, as vLLM's API server takes it.
  * - `loraModules`: adapters served beside the base model; /v1/models lists each with
  *   `parent` = the base model (vLLM's ModelCard); a request naming an adapter has its blocks
  *   keyed by the adapter (`lora_name`, and extra_keys as vllm/v1/core/kv_cache_utils.py).
@@ -60,6 +64,8 @@ export interface MockEngineOptions {
   apiKey?: string;
   /** Engine cores (vLLM's --data-parallel-size), each its own KV cache and event port (default 1). */
   dataParallelSize?: number;
+  /** The cores' first global rank (vLLM's --data-parallel-start-rank; default 0). */
+  dataParallelStartRank?: number;
   /** LoRA adapters served beside the base model (vLLM's --lora-modules). */
   loraModules?: readonly string[];
   /** 'vllm': block hashes are vLLM's, by `prefixCachingHashAlgo`, from `pythonHashSeed` (default: per-process seed). */
@@ -109,9 +115,12 @@ export class MockEngine {
     const decode = options.decodeTokS ?? 200;
     if (!(prefill > 0) || !(decode > 0)) throw new RangeError('prefillTokS and decodeTokS must be > 0');
     if (options.replay && !options.events) throw new RangeError('replay needs events');
-    for (let rank = 0; rank < this.dataParallelSize; rank++) {
+    const startRank = options.dataParallelStartRank ?? 0;
+    if (!Number.isInteger(startRank) || startRank < 0 || startRank > 1023)
+      throw new RangeError(`dataParallelStartRank must be an integer from 0 to 1023, got ${startRank}`);
+    for (let i = 0; i < this.dataParallelSize; i++) {
       const core = createRankCore(
-        rank,
+        startRank + i,
         {
           blockTokens: this.blockSize,
           kvTokens: (options.kvBlocks ?? 4096) * this.blockSize,
@@ -152,7 +161,7 @@ export class MockEngine {
     return this;
   }
 
-  /** Rank 0's event endpoint (rank r's: the port + r). */
+  /** The first core's event endpoint (rank r's: the configured port + r). */
   get eventsEndpoint(): string {
     return this.cores[0].publisher?.endpoint ?? '';
   }
@@ -161,14 +170,14 @@ export class MockEngine {
     return this.cores[0].publisher?.replayEndpoint ?? '';
   }
 
-  /** Every rank's event endpoint, in rank order. */
+  /** Every core's event endpoint, in rank order. */
   get eventsEndpoints(): string[] {
     return this.cores.map((c) => c.publisher?.endpoint ?? '');
   }
 
-  /** Engine block hashes (decimal) of every block in a rank's cache: the engine's own listing. */
-  cacheListing(rank = 0): string[] {
-    const core = this.cores[rank];
+  /** Engine block hashes (decimal) of every block in a core's cache (the i-th, from 0): the engine's own listing. */
+  cacheListing(i = 0): string[] {
+    const core = this.cores[i];
     return core.engine.cachedKeys().map((k) => core.blocks.get(k)!.hash.toString());
   }
 
@@ -231,7 +240,10 @@ export class MockEngine {
     }
   }
 
-  /** The core a request runs on: the one its X-data-parallel-rank header names, else the least busy. */
+  /**
+   * The core a request runs on: the one its X-data-parallel-rank header names (the i-th core,
+   * whatever the start rank), else the least busy.
+   */
   private coreFor(header: string | string[] | undefined): RankCore {
     if (header !== undefined) {
       const v = Array.isArray(header) ? header[0] : header;

@@ -245,6 +245,29 @@ describe('mock engine: data parallel, LoRA, vLLM block hashes', () => {
     assert.match(metrics, /vllm:num_requests_running\{model_name="mock",engine="1"\} 0/);
   });
 
+  test('--data-parallel-start-rank: cores are the global ranks S…, on the port + rank; the header names the i-th', async () => {
+    const e = await dpEngine({ dataParallelSize: 2, dataParallelStartRank: 4 });
+    const configured = Number(/:(\d+)$/.exec(e.eventsEndpoints[0])![1]) - 4;
+    assert.deepEqual(
+      e.eventsEndpoints.map((ep) => Number(/:(\d+)$/.exec(ep)![1]) - configured),
+      [4, 5],
+    );
+    const send = (header: string) =>
+      fetch(`http://127.0.0.1:${e.port}/v1/completions`, {
+        method: 'POST',
+        body: JSON.stringify({ prompt: words(40, 5), max_tokens: 1 }),
+        headers: { 'content-type': 'application/json', 'x-data-parallel-rank': header },
+      });
+    assert.equal((await send('1')).status, 200);
+    assert.equal(e.cacheListing(0).length, 0);
+    assert.ok(e.cacheListing(1).length > 0, 'the second core (rank 5) took it');
+    const metrics = await (await fetch(`http://127.0.0.1:${e.port}/metrics`)).text();
+    assert.match(metrics, /vllm:prefix_cache_queries_total\{model_name="mock",engine="5"\} [1-9]/);
+    assert.match(metrics, /vllm:prefix_cache_queries_total\{model_name="mock",engine="4"\} 0/);
+    assert.equal((await send('5')).status, 400, 'the header is an index, not the global rank');
+    assert.throws(() => new MockEngine({ dataParallelStartRank: -1 }), /dataParallelStartRank must be an integer/);
+  });
+
   test('--lora-modules: adapters listed with their parent; their blocks keyed by lora_name', async () => {
     const e = await engine({
       loraModules: ['sql', 'chat-v2'],
