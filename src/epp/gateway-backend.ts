@@ -15,7 +15,8 @@ export function gatewayRoutingBackend(gateway: Gateway): RoutingBackend {
     *workers() {
       for (const w of router.listWorkers()) {
         const c = connections.get(w.id);
-        if (c) yield { id: w.id, url: c.record.url, rank: c.rank };
+        // the rank as the engine's API server takes it in X-data-parallel-rank
+        if (c) yield { id: w.id, url: c.record.url, rank: c.headerRank };
       }
     },
     workersWithoutModel: (model) => connections.withoutModel(model),

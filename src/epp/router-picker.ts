@@ -88,7 +88,9 @@ export interface RoutingBackend {
   readonly panic?: Pick<PanicRouting, 'decide' | 'routedInRotation'>;
   /**
    * Every registered worker's id and engine base URL, and its data-parallel rank when the
-   * worker is one rank of an engine with several (they share the engine's URL).
+   * worker is one rank of an engine with several (they share the engine's URL): the value of
+   * X-data-parallel-rank that the engine takes for it (vLLM's index among the ranks of that API
+   * server, the global rank less --data-parallel-start-rank).
    */
   workers(): Iterable<{ id: string; url: string; rank?: number | null }>;
   /** Workers that list their models, `model` not among them. */

@@ -11,7 +11,10 @@ import { messagesSourceText, toolsSourceText } from './request-limits.js';
  *   the configured port + r (vllm/distributed/kv_events.py offset_endpoint_port) and takes
  *   the requests whose `X-data-parallel-rank` header names it. A worker with `dp-size=K` is
  *   K router workers, one per rank, `ID` for rank 0's stream when K is 1 and `ID#r`
- *   otherwise; the router picks a (worker, rank) and the gateway sets the header.
+ *   otherwise; the router picks a (worker, rank) and the gateway sets the header. A node of a
+ *   multi-node deployment (`--data-parallel-size-local L --data-parallel-start-rank S`, as
+ *   `--data-parallel-hybrid-lb` runs one API server per node) is `dp-size=L,dp-start-rank=S`:
+ *   its ranks are the global ranks S…S+L−1 everywhere but in the header (workerRanks()).
  * - LoRA adapters. vLLM lists each adapter in /v1/models with `parent` = the base model
  *   (vllm/entrypoints/openai/serving_models.py show_available_models); a request naming an
  *   adapter is hashed under the adapter's name, as vLLM keys that adapter's blocks. SGLang
@@ -21,9 +24,61 @@ import { messagesSourceText, toolsSourceText } from './request-limits.js';
  */
 export const DP_RANK_HEADER = 'x-data-parallel-rank';
 
-/** The router worker id of a rank of a gateway worker. */
-export function rankWorkerId(workerId: string, rank: number, dpSize: number): string {
-  return dpSize > 1 ? `${workerId}#${rank}` : workerId;
+/**
+ * One router worker of a gateway worker: the worker itself, or one of its data-parallel ranks.
+ *
+ * vLLM names a rank by its global rank g everywhere but in the request header. On a node of
+ * `--data-parallel-size-local L --data-parallel-start-rank S` the API server's
+ * data_parallel_rank is S (vllm/engine/arg_utils.py) and starts the engine of local rank i with
+ * dp_rank g = S + i (vllm/v1/engine/utils.py CoreEngineProcManager: global_index = start_index +
+ * index), which sets parallel_config.data_parallel_index = g (vllm/v1/engine/core.py
+ * run_engine_core). Its scheduler creates the KV-event publisher with that index
+ * (vllm/v1/core/sched/scheduler.py), which binds the configured port + g and stamps every batch's
+ * data_parallel_rank with g (vllm/distributed/kv_events.py ZmqEventPublisher,
+ * offset_endpoint_port). The API server's /metrics labels it engine="g" (the stat loggers get
+ * its client's engine_ranks_managed, S…S+L−1: vllm/v1/engine/async_llm.py, core_client.py
+ * MPClient). The header is the exception: the API server passes X-data-parallel-rank on as it is
+ * (vllm/entrypoints/openai/engine/serving.py _get_data_parallel_rank), refuses a value outside
+ * [0, L) when it serves its local engines only (hybrid and external load balancing:
+ * vllm/v1/engine/input_processor.py process_inputs, local_engines_only) and takes it as an index
+ * into its L engines (core_client.py DPLBAsyncMPClient.get_core_engine_for_request; core_engines
+ * are ranks S…S+L−1): rank g is named g − S there. With S = 0 (one node) the two agree.
+ * (vllm-project/vllm: core_client.py and core.py at 00080ee13c7a, input_processor.py at
+ * 009daaeebfb0, scheduler.py at 00024d314514, kv_events.py at 0181ea3173e5.)
+ */
+export interface WorkerRank {
+  /** The router worker id: `ID` without ranks, `ID#g` for global rank g. */
+  id: string;
+  /** vLLM's global rank g (KV batches' data_parallel_rank, /metrics engine="g"); null without ranks. */
+  rank: number | null;
+  /** The X-data-parallel-rank value that puts a request on the rank (g − S); null without ranks. */
+  header: number | null;
+  /** What its event endpoints' ports are offset by (g, as vLLM offsets the rank's publisher; 0 without ranks). */
+  portOffset: number;
+}
+
+/** A gateway worker's router workers: one per data-parallel rank (dp-size > 1), else the worker itself. */
+export function workerRanks(w: { id: string; dpSize?: number; dpStartRank?: number }): WorkerRank[] {
+  const size = w.dpSize ?? 1;
+  if (size <= 1) return [{ id: w.id, rank: null, header: null, portOffset: 0 }];
+  const start = w.dpStartRank ?? 0;
+  return Array.from({ length: size }, (_, i) => ({
+    id: `${w.id}#${start + i}`,
+    rank: start + i,
+    header: i,
+    portOffset: start + i,
+  }));
+}
+
+/**
+ * Whether `rank` (the r of an id `ID#r`, as written) is a data-parallel rank of worker `w`: one
+ * of its global ranks S…S+L−1 when it has several.
+ */
+export function hasRank(w: { dpSize?: number; dpStartRank?: number }, rank: string): boolean {
+  const size = w.dpSize ?? 1;
+  if (size <= 1 || !/^(0|[1-9]\d*)$/.test(rank)) return false;
+  const start = w.dpStartRank ?? 0;
+  return Number(rank) >= start && Number(rank) < start + size;
 }
 
 /** A rank's endpoint: the port + rank, as vLLM offsets its publishers'. */
@@ -36,17 +91,17 @@ export function rankEndpoint(endpoint: string, rank: number): string {
   return `${m[1]}:${port}`;
 }
 
-/** A worker's event endpoints as the subscribers connect to them: each rank's (port + rank). */
+/** A worker's event endpoints as the subscribers connect to them: each rank's (port + global rank). */
 function subscribedEndpoints(
-  w: { events?: string; replay?: string; dpSize?: number },
+  w: { id: string; events?: string; replay?: string; dpSize?: number; dpStartRank?: number },
   field: 'events' | 'replay',
 ): string[] {
   const endpoint = w[field];
   if (endpoint === undefined) return [];
   const out: string[] = [];
-  for (let r = 0; r < (w.dpSize ?? 1); r++) {
+  for (const { portOffset } of workerRanks(w)) {
     try {
-      out.push(rankEndpoint(endpoint, r));
+      out.push(rankEndpoint(endpoint, portOffset));
     } catch {
       // a rank past the last port: the worker is refused for it when added
     }
@@ -64,15 +119,15 @@ export interface SharedEndpoint {
 
 /**
  * The first endpoint `w` would subscribe to (or ask replays of) that a worker of `others`
- * already does, each data-parallel rank on its port + rank. An engine publishes one stream: two
+ * already does, each data-parallel rank on its port + global rank. An engine publishes one stream: two
  * workers on it are both credited with its blocks, and requests for them go half to the engine
  * without them. A data-parallel engine is one worker with `dp-size`, a rank served on its own
  * (external load balancing) a worker on its own port: neither shares an endpoint. Endpoints
  * are compared as written: one host under two names is not seen.
  */
 export function sharedEndpoint(
-  w: { id: string; events?: string; replay?: string; dpSize?: number },
-  others: Iterable<{ id: string; events?: string; replay?: string; dpSize?: number }>,
+  w: { id: string; events?: string; replay?: string; dpSize?: number; dpStartRank?: number },
+  others: Iterable<{ id: string; events?: string; replay?: string; dpSize?: number; dpStartRank?: number }>,
 ): SharedEndpoint | undefined {
   for (const field of ['events', 'replay'] as const) {
     const mine = subscribedEndpoints(w, field);

@@ -5,9 +5,10 @@
  * them and forgets what the router and the event applier recorded about it.
  *
  * A worker with data-parallel ranks (`dpSize` K) is K router workers sharing its URL and
- * pool, one per rank (engine-deployments.ts): each with its own KV-event subscriber (the
- * events port + rank), metrics series (vLLM's engine="r", SGLang's dp_rank="r") and index
- * entries. Connections are keyed by router worker id; admin operations take the worker's own id.
+ * pool, one per rank (engine-deployments.ts workerRanks): each with its own KV-event subscriber
+ * (the events port + rank), metrics series (vLLM's engine="r", SGLang's dp_rank="r") and index
+ * entries; r is the global rank (from `dpStartRank`), the request header names it as vLLM's
+ * API server does (r − dpStartRank). Connections are keyed by router worker id; admin operations take the worker's own id.
  */
 import { Pool, request as upstreamRequest, type Dispatcher } from 'undici';
 import type { KVAwareRouter, RouteRequest } from '../core/router/index.js';
@@ -30,7 +31,7 @@ import { MetricsScraper } from '../engines/metrics/scraper.js';
 import { DEFAULT_STALL_TIMEOUT_MS, StallWatch } from '../engines/metrics/stall.js';
 import { workerLimitRefusal, type WorkerRecord } from '../state/state-store.js';
 import { ConnectionSlots, DEFAULT_ENGINE_CONNECTIONS, MAX_ENGINE_CONNECTIONS } from './connection-slots.js';
-import { adaptersFromModels, DP_RANK_HEADER, rankEndpoint, rankWorkerId, tokenizeBody } from './engine-deployments.js';
+import { adaptersFromModels, DP_RANK_HEADER, rankEndpoint, tokenizeBody, workerRanks } from './engine-deployments.js';
 import { isTokenId } from './request-limits.js';
 import { MAX_TIMER_MS } from './timeouts.js';
 import {
@@ -67,8 +68,13 @@ export interface WorkerConnection {
    * worker's id.
    */
   tokenizeRefusals: Map<string, number>;
-  /** The data-parallel rank this router worker is, when the worker has ranks. */
+  /** The data-parallel rank this router worker is (vLLM's global rank), when the worker has ranks. */
   rank: number | null;
+  /**
+   * The X-data-parallel-rank value that puts a request on this rank (its index among the ranks
+   * of the worker's API server: rank − dpStartRank), when the worker has ranks.
+   */
+  headerRank: number | null;
   /** LoRA adapters the engine lists in /v1/models (name → base model); shared by the ranks. */
   adapters: Map<string, string>;
   /** Headers of every request to the engine: its API key (or the credentials of its URL), its rank. */
@@ -550,7 +556,8 @@ export class WorkerConnections {
     }
     const dpSize = w.dpSize ?? 1;
     if (this.has(w.id)) throw new RangeError(`worker '${w.id}' exists`);
-    const ids = Array.from({ length: dpSize }, (_, r) => rankWorkerId(w.id, r, dpSize));
+    const ranks = workerRanks(w);
+    const ids = ranks.map((r) => r.id);
     for (const id of ids) if (this.connections.has(id)) throw new RangeError(`worker '${id}' exists`);
     if (this.connections.size + dpSize > MAX_WORKERS) {
       const { message, param } = workerLimitRefusal(w.id, dpSize, this.connections.size);
@@ -558,9 +565,13 @@ export class WorkerConnections {
     }
     // every rank's endpoints first: a bad one refuses the worker before anything starts
     const events =
-      w.events === undefined ? undefined : naming('events', () => ids.map((_, r) => rankEndpoint(w.events!, r)));
+      w.events === undefined
+        ? undefined
+        : naming('events', () => ranks.map((r) => rankEndpoint(w.events!, r.portOffset)));
     const replays =
-      w.replay === undefined ? undefined : naming('replay', () => ids.map((_, r) => rankEndpoint(w.replay!, r)));
+      w.replay === undefined
+        ? undefined
+        : naming('replay', () => ranks.map((r) => rankEndpoint(w.replay!, r.portOffset)));
     // ZeroMQ refuses sockets past its max_sockets, a replay's included: a worker whose subscribers
     // would leave another subscriber no room for its replay is refused, not the others' replays
     const socketLimit = (open: number, maxSockets: number) =>
@@ -586,6 +597,7 @@ export class WorkerConnections {
       metrics: w.metrics,
     };
     if (w.dpSize !== undefined) record.dpSize = w.dpSize;
+    if (w.dpStartRank !== undefined) record.dpStartRank = w.dpStartRank;
     if (w.blockSize !== undefined) record.blockSize = w.blockSize;
     if (w.apiKeyEnv !== undefined) record.apiKeyEnv = w.apiKeyEnv;
     const authorization = engineAuthorization(apiKey) ?? plain.authorization;
@@ -629,7 +641,8 @@ export class WorkerConnections {
                   replayEndpoint: replays?.[r],
                   applier,
                   log,
-                  dataParallel: dpSize > 1 ? { rank: r, size: dpSize } : undefined,
+                  dataParallel:
+                    ranks[r].rank === null ? undefined : { rank: ranks[r].rank, start: ranks[0].rank!, size: dpSize },
                 }).start(),
               )
             : undefined,
@@ -654,15 +667,16 @@ export class WorkerConnections {
           adapters,
           workerId: w.id,
           tokenizeRefusals: new Map(),
-          rank: dpSize > 1 ? r : null,
-          headers: dpSize > 1 ? { ...headers, [DP_RANK_HEADER]: String(r) } : headers,
+          rank: ranks[r].rank,
+          headerRank: ranks[r].header,
+          headers: ranks[r].header === null ? headers : { ...headers, [DP_RANK_HEADER]: String(ranks[r].header) },
           unanswered: new Set(),
           subscriber: subscribers[r],
         });
         this.scraper?.add({
           workerId: id,
           url: w.metrics ?? `${base}/metrics`,
-          engine: dpSize > 1 ? String(r) : undefined,
+          engine: ranks[r].rank === null ? undefined : String(ranks[r].rank),
         });
         this.checker?.add(id, base, untilChecked);
         if (untilChecked) this.options.health.holdUntilChecked(id);

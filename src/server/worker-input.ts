@@ -223,6 +223,12 @@ export function engineAuthorization(apiKey: string | undefined): string | undefi
   return apiKey === undefined || apiKey === '' ? undefined : `Bearer ${apiKey}`;
 }
 
+/**
+ * Highest `dp-start-rank`: vLLM's --data-parallel-start-rank of a node, the first global rank
+ * its API server serves.
+ */
+export const MAX_DP_START_RANK = 1023;
+
 /** The fields of a `--worker` SPEC (and of a config-file entry) and the record field each one sets. */
 export const WORKER_SPEC_KEYS = {
   id: 'id',
@@ -233,6 +239,7 @@ export const WORKER_SPEC_KEYS = {
   models: 'models',
   cla: 'claGroups',
   'dp-size': 'dpSize',
+  'dp-start-rank': 'dpStartRank',
   'block-size': 'blockSize',
   'api-key-env': 'apiKeyEnv',
 } as const satisfies Record<string, keyof WorkerRecord>;
@@ -261,6 +268,7 @@ export const WORKER_RECORD_SCHEMA = z
     metrics: refined(checkHttpUrl).optional(),
     apiKeyEnv: refined(checkApiKeyEnv).optional(),
     dpSize: z.int().min(1).max(64).optional(),
+    dpStartRank: z.int().min(0).max(MAX_DP_START_RANK).optional(),
     blockSize: z.int().min(1).max(MAX_BLOCK_SIZE).optional(),
   })
   .superRefine((w, ctx) => {
@@ -271,6 +279,15 @@ export const WORKER_RECORD_SCHEMA = z
         code: 'custom',
         path: ['dpSize'],
         message: 'needs events as tcp://host:port (rank r publishes on the port + r)',
+      });
+    // an engine serving one rank (vLLM turns --data-parallel-hybrid-lb with one local rank into
+    // external load balancing) is a worker of its own, its events on that rank's port
+    if (w.dpStartRank !== undefined && w.dpStartRank > 0 && (w.dpSize ?? 1) <= 1)
+      ctx.addIssue({
+        code: 'custom',
+        path: ['dpStartRank'],
+        message:
+          "needs dpSize above 1 (the ranks S…S+L−1 of one API server); an engine serving one rank is a worker of its own, without either, its events on that rank's port",
       });
   });
 

@@ -5,6 +5,7 @@ import { ROUTER_DEFAULTS } from '../core/router/options-schema.js';
 import { MAX_WORKERS } from '../core/worker-registry.js';
 import { isId, isWorkerId } from '../core/validate.js';
 import { shownText } from '../core/shown-text.js';
+import { hasRank } from '../server/engine-deployments.js';
 import { parseWorkerRecord } from '../server/worker-input.js';
 import {
   DECIDED,
@@ -949,9 +950,8 @@ export class ClusterRelay {
     const hash = id.lastIndexOf('#');
     if (hash < 0) return undefined;
     const worker = id.slice(0, hash);
-    const rank = id.slice(hash + 1);
-    const dpSize = this.workers.get(worker)?.dpSize ?? 1;
-    return dpSize > 1 && /^(0|[1-9]\d*)$/.test(rank) && Number(rank) < dpSize ? worker : undefined;
+    const record = this.workers.get(worker);
+    return record !== undefined && hasRank(record, id.slice(hash + 1)) ? worker : undefined;
   }
 
   /** The workers' ranks, in all, with `worker` kept (in place of one of its id). */

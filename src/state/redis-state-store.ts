@@ -326,7 +326,8 @@ return 1`;
  * `rm` message, its nonce up to ':') completed with the verdict (`code:n`) and published last on
  * channel ARGV[1], so the replica that asked hears it after every message of the change and of
  * every change Redis made before, and applies the change there, in Redis's order; `ranksOf` is
- * how many data-parallel ranks a registry record has (its dpSize, 1 without); `notHashes` comes
+ * how many data-parallel ranks a registry record has (its dpSize, 1 without) and the first of
+ * their global ranks (its dpStartRank, 0 without: engine-deployments.ts hasRank); `notHashes` comes
  * from NOT_HASHES.
  */
 const CHANGE_PRELUDE = `${NOT_HASHES}
@@ -335,10 +336,14 @@ local function decided(code, n)
   return code
 end
 local function ranksOf(v)
-  if not string.find(v, '"dpSize"', 1, true) then return 1 end
+  if not string.find(v, '"dpSize"', 1, true) then return 1, 0 end
   local ok, w = pcall(cjson.decode, v)
-  if ok and type(w) == 'table' and type(w.dpSize) == 'number' and w.dpSize >= 1 then return w.dpSize end
-  return 1
+  if ok and type(w) == 'table' and type(w.dpSize) == 'number' and w.dpSize >= 1 then
+    local s = 0
+    if type(w.dpStartRank) == 'number' and w.dpStartRank >= 0 then s = w.dpStartRank end
+    return w.dpSize, s
+  end
+  return 1, 0
 end
 `;
 
@@ -393,8 +398,9 @@ local id, message, code
 for i = 1, #all, 2 do
   if all[i] == ARGV[3] then id, message, code = ARGV[3], ARGV[5], 1 break end
   if ARGV[6] ~= '' and all[i] == ARGV[6] then
-    local n = ranksOf(all[i + 1])
-    if n > 1 and tonumber(ARGV[7]) < n then id, message, code = ARGV[6], ARGV[8], 2 end
+    local n, s = ranksOf(all[i + 1])
+    local r = tonumber(ARGV[7])
+    if n > 1 and r >= s and r < s + n then id, message, code = ARGV[6], ARGV[8], 2 end
   end
 end
 if not id then return decided(0, 0) end

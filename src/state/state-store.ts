@@ -19,6 +19,12 @@ export interface WorkerRecord {
   apiKeyEnv?: string;
   /** Data-parallel ranks behind the URL (vLLM --data-parallel-size); rank r's events on the events port + r. */
   dpSize?: number;
+  /**
+   * The first of the ranks' global ranks (vLLM --data-parallel-start-rank S, a node of a
+   * multi-node deployment): ranks S…S+dpSize−1, ids ID#S…, events on the port + S…; requests
+   * name rank S + i as `X-data-parallel-rank: i` (engine-deployments.ts workerRanks). Default 0.
+   */
+  dpStartRank?: number;
   /** Tokens per KV block on this engine (default: the router's --block-size). */
   blockSize?: number;
 }

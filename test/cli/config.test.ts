@@ -297,6 +297,12 @@ test('a worker record is refused the same way from the command line, the config 
   const cases: [string, Record<string, unknown>, string][] = [
     ['id=w1,url=ftp://h:1', { id: 'w1', url: 'ftp://h:1' }, 'url'],
     ['id=w1,url=http://h:1,dp-size=0', { id: 'w1', url: 'http://h:1', dpSize: 0 }, 'dpSize'],
+    ['id=w1,url=http://h:1,dp-start-rank=4', { id: 'w1', url: 'http://h:1', dpStartRank: 4 }, 'dpStartRank'],
+    [
+      'id=w1,url=http://h:1,dp-size=2,dp-start-rank=1024',
+      { id: 'w1', url: 'http://h:1', dpSize: 2, dpStartRank: 1024 },
+      'dpStartRank',
+    ],
     ['id=w1,url=http://h:1,replay=tcp://h:2', { id: 'w1', url: 'http://h:1', replay: 'tcp://h:2' }, 'replay'],
     ['id=w 1,url=http://h:1', { id: 'w 1', url: 'http://h:1' }, 'id'],
     ['id=w1,url=http://h:1,cla=x', { id: 'w1', url: 'http://h:1', claGroups: ['x'] }, 'claGroups'],
@@ -324,4 +330,31 @@ test('a worker record is refused the same way from the command line, the config 
     assert.equal(error.message, `worker: ${reason}`);
     assert.equal(error.param, field);
   }
+});
+
+test('dp-start-rank: a node of a multi-node data-parallel engine, from a SPEC and from the config file', () => {
+  const spec = 'id=n1,url=http://h:8000,events=tcp://h:5557,dp-size=4,dp-start-rank=4';
+  assert.deepEqual(parseWorkerSpec(spec), {
+    id: 'n1',
+    url: 'http://h:8000',
+    events: 'tcp://h:5557',
+    dpSize: 4,
+    dpStartRank: 4,
+  });
+  const f = write(
+    'workers:\n  - {id: n1, url: "http://h:8000", dp-size: 4, dp-start-rank: 4}\n  - {id: n0, url: "http://g:8000", dpSize: 4, dpStartRank: 0}\n',
+  );
+  const { config } = resolve(['--config', f]);
+  assert.deepEqual(
+    config.workers.map((w) => [w.id, w.dpSize, w.dpStartRank]),
+    [
+      ['n1', 4, 4],
+      ['n0', 4, 0],
+    ],
+  );
+  assert.throws(() => parseWorkerSpec('id=a,url=http://h:1,dp-size=2,dp-start-rank=-1'), /: dpStartRank must be >= 0/);
+  assert.throws(
+    () => parseWorkerSpec('id=a,url=http://h:1,dp-size=1,dp-start-rank=3'),
+    /: dpStartRank needs dpSize above 1/,
+  );
 });

@@ -1,9 +1,11 @@
 import assert from 'node:assert/strict';
+import { createServer } from 'node:http';
 import { after, describe, test } from 'node:test';
 import { MockEngine, mockTokenize } from '../../src/engines/mock-engine.js';
 import { KvEventPublisher } from '../../src/engines/kv-events/publisher.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type GatewayOptions } from '../../src/server/gateway.js';
+import { listening } from '../helpers/listening.js';
 import { until } from '../helpers/wait.js';
 
 // The gateway in front of the mock engine's deployment shapes: data-parallel ranks, LoRA
@@ -112,6 +114,96 @@ describe('gateway: engine deployment shapes', () => {
     assert.equal(res.headers.get('x-contextforge-worker'), 'w');
     assert.ok(body.usage.prompt_tokens_details.cached_tokens > 0, 'served by the rank holding the prefix');
     assert.equal(e.cacheListing(0).length, 0, 'rank 0 never saw it');
+  });
+
+  test('dp-start-rank: a node of ranks S… (hybrid load balancing) is indexed by global rank, named by local index in the header', async () => {
+    // vLLM --data-parallel-size-local 2 --data-parallel-start-rank 4: ranks 4 and 5 publish on the
+    // configured port + 4 and + 5, stamped 4 and 5; the API server takes them as header 0 and 1
+    const { e, events, replay } = await engineOnPorts({ dataParallelSize: 2, dataParallelStartRank: 4, blockSize: 4 });
+    assert.deepEqual(
+      e.eventsEndpoints.map((x) => Number(x.split(':').pop()) - Number(events.split(':').pop())),
+      [4, 5],
+    );
+    const router = new KVAwareRouter({ blockSize: 4, indexMode: 'precise', speculativeBlocks: 0 });
+    const base = await listeningGateway({
+      router,
+      tokenize: 'engine',
+      kvEvents: true,
+      workers: [{ id: 'w', url: `http://127.0.0.1:${e.port}`, events, replay, dpSize: 2, dpStartRank: 4 }],
+    });
+    assert.deepEqual(
+      router
+        .listWorkers()
+        .map((w) => w.id)
+        .sort(),
+      ['w#4', 'w#5'],
+    );
+    const prompt = words(60, 3);
+    // the engine's second core (rank 5) computes it
+    const direct = await post(
+      `http://127.0.0.1:${e.port}`,
+      '/v1/completions',
+      { prompt, max_tokens: 1 },
+      { 'x-data-parallel-rank': '1' },
+    );
+    assert.equal(direct.status, 200);
+    await until(
+      async () => ((await (await post(base, '/v1/route', { prompt })).json()) as Json).cachedTokens > 0,
+      "rank 5's events",
+    );
+    const r = (await (await post(base, '/v1/route', { prompt })).json()) as Json;
+    assert.equal(r.worker, 'w');
+    assert.equal(r.rank, 5);
+    const listed = (await (
+      await fetch(`${base}/admin/workers`, { headers: { authorization: `Bearer ${adminToken}` } })
+    ).json()) as Json;
+    for (const w of listed.workers as Json[]) {
+      assert.equal(w.kvEvents.unknownRanks, 0, `${w.id}: every batch is its rank's`);
+      assert.equal(w.worker, 'w');
+      assert.equal(w.id, `w#${w.rank}`);
+    }
+    // proxied with the header the API server takes for rank 5 (1), where the cache is
+    const res = await post(base, '/v1/completions', { prompt, max_tokens: 1 });
+    const body = (await res.json()) as Json;
+    assert.equal(res.status, 200);
+    assert.equal(res.headers.get('x-contextforge-rank'), '5');
+    assert.ok(body.usage.prompt_tokens_details.cached_tokens > 0, 'served by the core holding the prefix');
+    assert.equal(e.cacheListing(0).length, 0, 'rank 4 never saw it');
+  });
+
+  test('dp-start-rank: each rank reads its own engine="S+i" series of the /metrics page', async () => {
+    // a vLLM node of ranks 4 and 5: its /metrics names engine indexes 4 and 5
+    const series = (engine: number, running: number, waiting: number) => [
+      `vllm:num_requests_running{engine="${engine}",model_name="m"} ${running}.0`,
+      `vllm:num_requests_waiting{engine="${engine}",model_name="m"} ${waiting}.0`,
+      `vllm:kv_cache_usage_perc{engine="${engine}",model_name="m"} 0.5`,
+    ];
+    const page = [...series(4, 3, 1), ...series(5, 7, 2)].join('\n');
+    const engine = await listening(
+      createServer((req, res) => {
+        req.resume();
+        if (req.url === '/metrics') return void res.writeHead(200, { 'content-type': 'text/plain' }).end(`${page}\n`);
+        if (req.url === '/v1/models')
+          return void res
+            .writeHead(200, { 'content-type': 'application/json' })
+            .end(JSON.stringify({ object: 'list', data: [{ id: 'm', object: 'model' }] }));
+        res.writeHead(200).end();
+      }),
+    );
+    cleanup.push(() => engine.close());
+    const router = new KVAwareRouter();
+    await listeningGateway({
+      router,
+      workers: [{ id: 'v', url: engine.url, dpSize: 2, dpStartRank: 4 }],
+      metricsIntervalMs: 20,
+    });
+    const read = (id: string) => {
+      const w = router.listWorkers().find((x) => x.id === id)!;
+      return { running: w.runningRequests, waiting: w.waitingRequests };
+    };
+    await until(() => read('v#4').running > 0 && read('v#5').running > 0, 'both ranks scraped');
+    assert.deepEqual(read('v#4'), { running: 3, waiting: 1 });
+    assert.deepEqual(read('v#5'), { running: 7, waiting: 2 });
   });
 
   test("LoRA: a request naming an adapter (from the engine's /v1/models) matches the adapter's blocks only", async () => {

@@ -5,7 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
-import { sharedEndpoint } from '../../src/server/engine-deployments.js';
+import { hasRank, sharedEndpoint, workerRanks } from '../../src/server/engine-deployments.js';
 import { resolveServe } from '../helpers/serve-config.js';
 import { adminGateway } from '../helpers/admin-call.js';
 
@@ -109,4 +109,31 @@ test('sharedEndpoint compares ranks, skips the worker itself and workers without
   });
   assert.equal(sharedEndpoint({ id: 'i', events: 'ipc:///tmp/a' }, [{ id: 'j', events: 'ipc:///tmp/b' }]), undefined);
   assert.equal(sharedEndpoint({ id: 'i', events: 'ipc:///tmp/a' }, [{ id: 'j', events: 'ipc:///tmp/a' }])?.other, 'j');
+});
+
+test('dp-start-rank: the ranks are global (ids, ports), the header their index', () => {
+  assert.deepEqual(workerRanks({ id: 'n', dpSize: 2, dpStartRank: 4 }), [
+    { id: 'n#4', rank: 4, header: 0, portOffset: 4 },
+    { id: 'n#5', rank: 5, header: 1, portOffset: 5 },
+  ]);
+  assert.deepEqual(workerRanks({ id: 'n', dpSize: 2 }), [
+    { id: 'n#0', rank: 0, header: 0, portOffset: 0 },
+    { id: 'n#1', rank: 1, header: 1, portOffset: 1 },
+  ]);
+  assert.deepEqual(workerRanks({ id: 'n' }), [{ id: 'n', rank: null, header: null, portOffset: 0 }]);
+  assert.deepEqual(
+    ['3', '4', '5', '6', '04', 'x'].map((r) => hasRank({ dpSize: 2, dpStartRank: 4 }, r)),
+    [false, true, true, false, false, false],
+  );
+  assert.equal(hasRank({ dpSize: 1, dpStartRank: 4 }, '4'), false);
+  // nodes of one engine on one host, the configured port the same: ports 5557+0…3 and 5557+4…7
+  const node0 = { id: 'a', events: 'tcp://h:5557', dpSize: 4 };
+  const node1 = { id: 'b', events: 'tcp://h:5557', dpSize: 4, dpStartRank: 4 };
+  assert.equal(sharedEndpoint(node1, [node0]), undefined);
+  assert.deepEqual(sharedEndpoint(node1, [{ id: 'c', events: 'tcp://h:5562' }]), {
+    field: 'events',
+    endpoint: 'tcp://h:5562',
+    worker: 'b',
+    other: 'c',
+  });
 });

@@ -11,12 +11,16 @@ import { KVAwareRouter } from '../../src/core/router/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { ClusterRelay, ClusterStateStore, type ClusterMessage } from '../../src/state/cluster-state-store.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
-import type { StateStore } from '../../src/state/state-store.js';
+import type { StateStore, WorkerRecord } from '../../src/state/state-store.js';
 import { REDIS_URL } from '../helpers/redis-routers.js';
 import { dropPrefixes } from '../helpers/state-host.js';
 import { settled } from '../helpers/wait.js';
 
 const TOKEN = 'rank-admin-test-token-0123456789abcdef';
+const DEFAULT_WORKERS: WorkerRecord[] = [
+  { id: 'dp', url: 'http://127.0.0.1:1', dpSize: 2 },
+  { id: 'solo', url: 'http://127.0.0.1:2' },
+];
 const gateways: Gateway[] = [];
 const prefixes: string[] = [];
 after(async () => {
@@ -24,13 +28,10 @@ after(async () => {
   await dropPrefixes(prefixes);
 });
 
-async function gateway(state: StateStore): Promise<Gateway> {
+async function gateway(state: StateStore, workers: WorkerRecord[] = DEFAULT_WORKERS): Promise<Gateway> {
   const g = await createGateway({
     router: new KVAwareRouter({ blockSize: 16 }),
-    workers: [
-      { id: 'dp', url: 'http://127.0.0.1:1', dpSize: 2 },
-      { id: 'solo', url: 'http://127.0.0.1:2' },
-    ],
+    workers,
     state,
     metricsIntervalMs: 0,
     healthCheckIntervalMs: 0,
@@ -129,6 +130,37 @@ for (const kind of ['redis', 'cluster'] as const) {
         (ids) => ids.length === 1,
       ),
       ['solo'],
+    );
+  });
+
+  test(`${kind}: the ranks of a worker with dp-start-rank S are its ids ID#S…, drained by any of them`, async () => {
+    const prefix = `cf-test-rank-${randomBytes(4).toString('hex')}:`;
+    prefixes.push(prefix);
+    const [sa, sb] = kind === 'redis' ? [redisStore(prefix), redisStore(prefix)] : clusterStores();
+    const workers: WorkerRecord[] = [{ id: 'node', url: 'http://127.0.0.1:3', dpSize: 2, dpStartRank: 4 }];
+    const a = await gateway(sa, workers);
+    const b = await gateway(sb, workers);
+    assert.deepEqual(workerIds(a), ['node#4', 'node#5']);
+    // a rank the worker does not have names nothing, here or in the shared state
+    assert.equal((await admin(a, 'POST', '/admin/workers/node%231/drain')).statusCode, 404);
+    assert.deepEqual(drained(b), []);
+    const res = await admin(a, 'POST', '/admin/workers/node%235/drain');
+    assert.equal(res.statusCode, 200, res.body);
+    assert.deepEqual(drained(a), ['node#4', 'node#5']);
+    assert.deepEqual(
+      await settled(
+        () => drained(b),
+        (d) => d.length === 2,
+      ),
+      ['node#4', 'node#5'],
+    );
+    assert.equal((await admin(b, 'POST', '/admin/workers/node%234/resume')).statusCode, 200);
+    assert.deepEqual(
+      await settled(
+        () => drained(a),
+        (d) => d.length === 0,
+      ),
+      [],
     );
   });
 }

@@ -89,7 +89,7 @@ export function addSettingOptions(cmd: Command, shape: Shape, help: Readonly<Rec
   }
   cmd.option(
     '--worker <spec>',
-    'id=ID,url=URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2][,dp-size=N][,block-size=N][,api-key-env=VAR] (repeatable; env CONTEXTFORGE_WORKERS: specs separated by spaces)',
+    'id=ID,url=URL[,events=ZMQ][,replay=ZMQ][,metrics=URL][,models=M1;M2][,cla=G1;G2][,dp-size=N][,dp-start-rank=S][,block-size=N][,api-key-env=VAR] (repeatable; env CONTEXTFORGE_WORKERS: specs separated by spaces)',
     (v: string, all: string[]) => [...all, v],
     [] as string[],
   );
@@ -440,7 +440,12 @@ function workerFields(fields: Record<string, unknown>): Record<string, unknown> 
     if (field === 'claGroups' && Array.isArray(v))
       v = v.map((g) => (typeof g === 'string' && /^-?\d+$/.test(g) ? Number(g) : g));
     // a negative number too, so that the message says what its range is, not that it is no integer
-    if ((field === 'dpSize' || field === 'blockSize') && typeof v === 'string' && /^-?\d+$/.test(v)) v = Number(v);
+    if (
+      (field === 'dpSize' || field === 'dpStartRank' || field === 'blockSize') &&
+      typeof v === 'string' &&
+      /^-?\d+$/.test(v)
+    )
+      v = Number(v);
     out.push([field, v]);
   }
   return Object.fromEntries(out);

@@ -55,15 +55,16 @@ export interface KvEventSubscriberOptions {
   replayEndpoint?: string;
   applier: KvEventApplier;
   /**
-   * The endpoint is data-parallel rank `rank`'s of an engine of `size` ranks (workerId is that
-   * rank's worker). vLLM publishes each rank's events on a port of its own (the events port +
-   * rank, vllm/distributed/kv_events.py offset_endpoint_port), stamped with the rank: a batch
-   * stamped with another rank (outside 0…size−1, negative, or another rank's) is skipped and
-   * counted (`unknownRanks`), logged once. Without it every batch of the endpoint is workerId's,
-   * whatever its rank (an engine started with --data-parallel-rank R, listed as a worker of its
-   * own, stamps its batches with R).
+   * The endpoint is data-parallel rank `rank`'s of an API server in front of the `size` ranks
+   * `start`…`start`+`size`−1 (global ranks: vLLM's --data-parallel-start-rank, default 0;
+   * workerId is that rank's worker). vLLM publishes each rank's events on a port of its own (the
+   * events port + global rank, vllm/distributed/kv_events.py offset_endpoint_port), stamped with
+   * the global rank: a batch stamped with another rank (outside the API server's, negative, or
+   * another of its ranks) is skipped and counted (`unknownRanks`), logged once. Without it every
+   * batch of the endpoint is workerId's, whatever its rank (an engine started with
+   * --data-parallel-rank R, listed as a worker of its own, stamps its batches with R).
    */
-  dataParallel?: { rank: number; size: number };
+  dataParallel?: { rank: number; start?: number; size: number };
   /** Longest wait for each message of a replay (default 2000 ms). */
   replayTimeoutMs?: number;
   /**
@@ -596,14 +597,16 @@ export class KvEventSubscriber {
       this.stats.unknownRanks++;
       if (!this.unknownRankLogged) {
         this.unknownRankLogged = true;
+        const start = dp.start ?? 0;
         this.log(
-          rank >= 0 && rank < dp.size
+          rank >= start && rank < start + dp.size
             ? `batch ${seq} is from data-parallel rank ${rank} but came on rank ${dp.rank}'s endpoint: vLLM publishes each rank's events on a port of its own ` +
-                `(the events port + rank), so batches of other ranks are skipped here (reason unknown_rank). Check that the worker's events= is rank 0's port ` +
-                `and that nothing else publishes on the ports after it`
-            : `batch ${seq} is from data-parallel rank ${rank}, which the worker's dp-size does not cover: ` +
+                `(the events port + rank), so batches of other ranks are skipped here (reason unknown_rank). Check that the worker's events= is the port ` +
+                `the engine was configured with (rank 0's) and that nothing else publishes on the ports after it`
+            : `batch ${seq} is from data-parallel rank ${rank}, which the worker's dp-size${start > 0 ? ' and dp-start-rank do' : ' does'} not cover: ` +
                 `batches of ranks it does not have are skipped (reason unknown_rank). Give the worker the engine's ` +
-                `--data-parallel-size as dp-size, or list an engine that serves one rank (--data-parallel-rank) as its own worker without dp-size`,
+                `--data-parallel-size (or, for one node of several, --data-parallel-size-local) as dp-size and its --data-parallel-start-rank as dp-start-rank, ` +
+                `or list an engine that serves one rank (--data-parallel-rank) as its own worker without dp-size`,
         );
       }
       return;
