@@ -597,7 +597,7 @@ export class CostPolicy implements RoutingPolicy {
     this.observeFleet(candidates, request);
     if (this.fleet.newSession) this.boundNewSession(candidates, request);
     const scores = this.scoreAll(candidates, request);
-    const picked = pickMaxScore(scores, candidates.length, this.tieBreak, this.scratch);
+    const picked = pickMaxScore(scores, candidates.length, this.tieBreak, this.scratch, request.dryRun !== true);
     if (picked < 0) return NO_CHOICE;
     const index = preferredAmongTies(candidates, scores, picked);
     const chosen = candidates[index];

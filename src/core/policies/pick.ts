@@ -16,18 +16,27 @@ export function pickMax(
   score: (c: Candidate, i: number) => number,
   tieBreak: { cursor: number },
   scratch: number[],
+  advance = true,
 ): number {
   const n = candidates.length;
   if (scored.length < n) scored = new Float64Array(2 * n);
   for (let i = 0; i < n; i++) scored[i] = score(candidates[i], i);
-  return pickMaxScore(scored, n, tieBreak, scratch);
+  return pickMaxScore(scored, n, tieBreak, scratch, advance);
 }
 
 /**
  * Index of the highest of the first `n` of `scores` (skipping NaN), ties within TIE_EPSILON
  * rotating through `cursor`, -1 when none has a score: pickMax over scores already computed.
+ * With `advance` false (a dry run) the rotation stays where it is, so that the next decision
+ * is the one this one showed.
  */
-export function pickMaxScore(scores: Float64Array, n: number, tieBreak: { cursor: number }, scratch: number[]): number {
+export function pickMaxScore(
+  scores: Float64Array,
+  n: number,
+  tieBreak: { cursor: number },
+  scratch: number[],
+  advance = true,
+): number {
   let best = -Infinity;
   let ties = 0;
   for (let i = 0; i < n; i++) {
@@ -42,7 +51,10 @@ export function pickMaxScore(scores: Float64Array, n: number, tieBreak: { cursor
     }
   }
   if (ties === 0) return -1;
-  return ties === 1 ? scratch[0] : scratch[tieBreak.cursor++ % ties];
+  if (ties === 1) return scratch[0];
+  const index = scratch[tieBreak.cursor % ties];
+  if (advance) tieBreak.cursor++;
+  return index;
 }
 
 /**

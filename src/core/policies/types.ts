@@ -60,6 +60,12 @@ export interface RouteFeatures {
    * policies that time prefills leave it out.
    */
   readonly firstTokenReported?: boolean;
+  /**
+   * A dry run (RouteOptions.dryRun): the decision is shown, not acted on. A policy keeps its
+   * rotation (a tie cursor, a round-robin turn) where it is, so that the next decision is the
+   * one shown; the router restores the random source it gives policies (PolicyContext.random).
+   */
+  readonly dryRun?: boolean;
 }
 
 /** Prefix-chained block hashes of one request (valid while the call that received them runs). */

@@ -11,6 +11,7 @@ import { BlockHashes, hashString32, type HashNamespace } from '../hashing.js';
 import type { CostWeights } from '../policies/index.js';
 import { checkChoice, choiceError } from '../policies/policy-object.js';
 import type { Candidate, PolicyChoice, RouteFeatures, RouteReason, RoutingPolicy } from '../policies/types.js';
+import type { SeededRandom } from '../rng.js';
 import { roundHalfEven3 } from '../round-half-even.js';
 import { quotedText } from '../shown-text.js';
 import * as check from '../validate.js';
@@ -58,6 +59,8 @@ export class KVAwareRouter {
   readonly claAffinityEnabled: boolean;
   readonly anchorLocalityEnabled: boolean;
   readonly policy: RoutingPolicy;
+  /** The built-in policies' random source (PolicyContext.random), put back after a dry run. */
+  private readonly random: SeededRandom;
   readonly costWeights: Readonly<CostWeights>;
   readonly blockSize: number;
   readonly textChunkBytes: number;
@@ -133,6 +136,7 @@ export class KVAwareRouter {
     this.anchorLocalityEnabled = o.anchorLocalityEnabled;
     this.costWeights = o.costWeights;
     this.policy = o.policy;
+    this.random = o.random;
     this.features = o.builtInPolicy ? newFeatures() : undefined;
     this.countsBlocks = o.countsBlocks;
     // the seed counts no blocks: then none of broadcastNewBlocks()' ids is kept
@@ -484,6 +488,10 @@ export class KVAwareRouter {
           : 0;
     features.now = now;
     features.firstTokenReported = options.firstTokenReported !== false;
+    const dryRun = options.dryRun === true;
+    features.dryRun = dryRun;
+    // a dry run shows the next decision: the random source its policy draws from is put back
+    const randomState = this.random.state;
     let index: number;
     let confidence: number;
     let reason: RouteReason;
@@ -499,6 +507,7 @@ export class KVAwareRouter {
       reason = choice.reason;
     } finally {
       this.deciding = undefined;
+      if (dryRun) this.random.state = randomState;
     }
     // a user's policy is not trusted to keep to PolicyChoice; the built-in ones always do
     checkChoice(this.policy.name, index, confidence, reason, candidates.length);
@@ -1090,6 +1099,7 @@ function newFeatures(): FeaturesScratch {
     sharedPrefixKey: 0,
     now: 0,
     firstTokenReported: true,
+    dryRun: false,
   };
 }
 

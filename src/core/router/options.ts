@@ -9,7 +9,7 @@ import type { VllmHashAlgo } from '../vllm-block-hash.js';
 import { createPolicy, resolveCostWeights, type CostWeights, type PolicyOptions } from '../policies/index.js';
 import { checkPolicyObject } from '../policies/policy-object.js';
 import type { RoutingPolicy } from '../policies/types.js';
-import { createRng } from '../rng.js';
+import { SeededRandom } from '../rng.js';
 import { describeIssue, firstIssue, issueError } from '../schema-issues.js';
 import * as check from '../validate.js';
 import type { z } from 'zod';
@@ -148,6 +148,8 @@ export interface ResolvedRouterOptions {
   contentAnchorCapacity: number;
   contentAnchorTtlMs: number;
   judgeRoles: ReadonlySet<string>;
+  /** The random source of the built-in policies (PolicyContext.random), put back after a dry run. */
+  random: SeededRandom;
   clock: () => number;
   instanceId: string;
   maxIdBytes: number;
@@ -172,10 +174,10 @@ export function resolveRouterOptions(options: KVAwareRouterOptions): ResolvedRou
   if (!parsed.success) throw issueError(firstIssue(parsed.error.issues), ROUTER_OPTIONS_SCHEMA);
   const o = parsed.data;
   const costWeights = resolveCostWeights(o.costWeights);
-  const random = createRng(o.randomSeed);
+  const random = new SeededRandom(o.randomSeed);
   const policy =
     typeof o.policy === 'string'
-      ? createPolicy(o.policy, { ...o.policyOptions, costWeights }, { random })
+      ? createPolicy(o.policy, { ...o.policyOptions, costWeights }, { random: random.next })
       : checkPolicyObject(o.policy);
   const keying = new BlockKeying(o.blockHash, o.pythonHashSeed, o.prefixCachingHashAlgo);
   const ttl =
@@ -187,6 +189,7 @@ export function resolveRouterOptions(options: KVAwareRouterOptions): ResolvedRou
     anchorLocalityEnabled: o.enableAnchorLocality,
     costWeights,
     policy,
+    random,
     builtInPolicy: typeof o.policy === 'string',
     countsBlocks: o.policy !== 'seed',
     anchorCapacity: o.anchorCapacity,
