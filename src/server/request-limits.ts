@@ -473,6 +473,48 @@ function header(h: Headers, name: string): string | undefined {
 }
 
 const META_KEYS = new Set(['workflowId', 'workflowStep', 'agentRole', 'claGroup', 'anchors', 'isolate']);
+/**
+ * The snake_case spellings of the metadata fields, as the trace format and the seed spell them
+ * (`workflow_id`, `cla_group`): each read as its camelCase field, named as the client wrote it.
+ */
+const META_SNAKE_KEYS: ReadonlyMap<string, string> = new Map([
+  ['workflow_id', 'workflowId'],
+  ['workflow_step', 'workflowStep'],
+  ['agent_role', 'agentRole'],
+  ['cla_group', 'claGroup'],
+]);
+/** The body's metadata fields by their camelCase names, and the spelling the client gave each (for errors). */
+interface MetaFields {
+  fields: Readonly<Record<string, unknown>>;
+  named: ReadonlyMap<string, string>;
+}
+const NO_META: MetaFields = { fields: Object.freeze({}), named: new Map() };
+
+/** The `contextforge` object's fields (MetaFields); a field given in both spellings or an unknown one is refused. */
+function metaFields(given: Record<string, unknown>): MetaFields {
+  const fields: Record<string, unknown> = {};
+  const named = new Map<string, string>();
+  for (const key of Object.keys(given)) {
+    const field = META_KEYS.has(key) ? key : META_SNAKE_KEYS.get(key);
+    if (field !== undefined) {
+      const other = named.get(field);
+      if (other !== undefined)
+        throw new RequestLimitError(
+          `contextforge.${key} and contextforge.${other} are one field given twice`,
+          `contextforge.${key}`,
+        );
+      named.set(field, key);
+      fields[field] = given[key];
+      continue;
+    }
+    const known = `${[...META_KEYS].join(', ')}; or ${[...META_SNAKE_KEYS.keys()].join(', ')}`;
+    // a typo of a field is named; anything else (a long or unprintable key) is not repeated
+    if (FIELD_NAME.test(key))
+      throw new RequestLimitError(`contextforge.${key} is not a known field (known: ${known})`, `contextforge.${key}`);
+    throw new RequestLimitError(`contextforge has an unknown field (known: ${known})`, 'contextforge');
+  }
+  return { fields, named };
+}
 /** What a misspelt metadata field looks like: short, letters, digits and `_-.` (repeated in an error). */
 const FIELD_NAME = /^[A-Za-z0-9_.-]{1,64}$/;
 
@@ -484,17 +526,11 @@ const FIELD_NAME = /^[A-Za-z0-9_.-]{1,64}$/;
 export function readMetadata(meta: unknown, headers: Headers, limits: RequestLimits): RequestMetadata {
   if (meta !== undefined && (meta === null || typeof meta !== 'object' || Array.isArray(meta)))
     throw new RequestLimitError('contextforge must be an object', 'contextforge');
-  const m = (meta ?? {}) as Record<string, unknown>;
-  for (const key of Object.keys(m)) {
-    if (META_KEYS.has(key)) continue;
-    const known = [...META_KEYS].join(', ');
-    // a typo of a field is named; anything else (a long or unprintable key) is not repeated
-    if (FIELD_NAME.test(key))
-      throw new RequestLimitError(`contextforge.${key} is not a known field (known: ${known})`, `contextforge.${key}`);
-    throw new RequestLimitError(`contextforge has an unknown field (known: ${known})`, 'contextforge');
-  }
+  const { fields: m, named } = meta === undefined ? NO_META : metaFields(meta as Record<string, unknown>);
   const pick = (field: string, headerName: string): [unknown, string] =>
-    m[field] !== undefined ? [m[field], `contextforge.${field}`] : [header(headers, headerName), headerName];
+    m[field] !== undefined
+      ? [m[field], `contextforge.${named.get(field)!}`]
+      : [header(headers, headerName), headerName];
   const out: RequestMetadata = { workflowStep: null, claGroup: null };
   const [wf, wfParam] = pick('workflowId', 'x-workflow-id');
   if (wf !== undefined) out.workflowId = checkId(wf, wfParam, limits.maxIdBytes);

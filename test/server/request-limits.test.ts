@@ -287,6 +287,24 @@ describe('metadata', () => {
     rejects(() => readMetadata({ isolate: 1 }, {}, limits), 'contextforge.isolate');
     rejects(() => readMetadata(undefined, { 'x-kv-isolate': 'yes' }, limits), 'x-kv-isolate');
   });
+  test("the contextforge field's keys are read in camelCase or as the trace format spells them", () => {
+    const snake = readMetadata(
+      { workflow_id: 'wf', workflow_step: 2, agent_role: 'critic', cla_group: 3, isolate: true },
+      { 'x-workflow-id': 'from-header' },
+      limits,
+    );
+    assert.deepEqual(
+      [snake.workflowId, snake.workflowStep, snake.agentRole, snake.claGroup, snake.isolate],
+      ['wf', 2, 'critic', 3, true],
+    );
+    // an error names the field as the client spelt it; one field in both spellings is refused
+    rejects(() => readMetadata({ cla_group: -1 }, {}, limits), 'contextforge.cla_group');
+    rejects(
+      () => readMetadata({ workflowId: 'a', workflow_id: 'b' }, {}, limits),
+      'contextforge.workflow_id',
+      /one field given twice/,
+    );
+  });
   test('the contextforge field is an object of known keys', () => {
     rejects(() => readMetadata(5, {}, limits), 'contextforge');
     rejects(() => readMetadata([], {}, limits), 'contextforge');
