@@ -249,6 +249,39 @@ describe('workflow continuity', () => {
     }
   });
 
+  test("a new session's workflow step and CLA group keep their worker though its other terms cost a little more", () => {
+    const r = new KVAwareRouter({ blockSize: 4 });
+    r.registerWorker('w0', { claGroups: [1] });
+    r.registerWorker('w1', { claGroups: [2] });
+    r.registerWorker('w2');
+    const prompt = (from: number) => Array.from({ length: 64 }, (_, k) => from + k);
+    // requests that each finish before the next: the worker they ran on holds their blocks (its
+    // cache fuller than the others', a cost of a fraction of a percent), and reuse is learned
+    const first = r.route({ tokens: prompt(0), workflowId: 'wf', workflowStep: 0 });
+    r.release(first.ticket);
+    const again = r.route({ tokens: prompt(0), workflowId: 'other', workflowStep: 0 });
+    r.release(again.ticket);
+    for (let step = 1; step < 5; step++) {
+      const d = r.route({ tokens: prompt(1000 * step), workflowId: 'wf', workflowStep: step }, { explain: true });
+      assert.equal(d.workerId, first.workerId, `step ${step}`);
+      r.release(d.ticket);
+    }
+    // a judge's step reuses nothing there: no worker is its own
+    const judge = r.route(
+      { tokens: prompt(50_000), workflowId: 'wf', workflowStep: 5, isolate: true },
+      { dryRun: true, explain: true },
+    );
+    assert.ok(
+      judge.explain!.every((e) => !e.continuity),
+      'an isolated step has no continuity worker',
+    );
+    for (let i = 0; i < 6; i++) {
+      const d = r.route({ tokens: prompt(100_000 + 100 * i), claGroup: 2 });
+      assert.equal(d.workerId, 'w1', `group 2, request ${i}`);
+      r.release(d.ticket);
+    }
+  });
+
   test('a step moves when the previous worker is overloaded', async () => {
     const r = await fleet(2);
     const first = await r.selectWorker('s0', { workflowId: 'wf', workflowStep: 0 });

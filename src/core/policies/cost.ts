@@ -457,6 +457,29 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
 }
 
 /**
+ * A new session's own worker among the candidates its TTFT bound leaves (scores not NaN): the
+ * cheapest that ran its workflow's previous step, else the cheapest serving its CLA group; -1
+ * when none. Nothing of a new session's prompt is held anywhere more than everywhere, so the
+ * cost's cache terms cannot stand for them: a workflow's next step on prompts of its own, or a
+ * CLA group's requests, spread over the fleet by differences of a fraction of a percent in the
+ * other terms, though the seed prefers those workers (docs/architecture.md §1). The bound is
+ * the one a new session gives up to spare other sessions (newSessionSlack): a step leaves a
+ * worker whose TTFT for it is past that.
+ */
+function preferredWithinBound(candidates: readonly Candidate[], scores: Float64Array): number {
+  let continuity = -1;
+  let serving = -1;
+  for (let i = 0; i < candidates.length; i++) {
+    const s = scores[i];
+    if (Number.isNaN(s)) continue;
+    const c = candidates[i];
+    if (c.continuity && (continuity < 0 || s > scores[continuity])) continuity = i;
+    if (c.servesCla && (serving < 0 || s > scores[serving])) serving = i;
+  }
+  return continuity >= 0 ? continuity : serving;
+}
+
+/**
  * Among the candidates whose score ties the picked one's, the worker that ran the workflow's
  * previous step, else one serving the request's CLA group, else the one picked (the rotation).
  * With blocks the cost counts neither (the cache they stand for is in `cachedTokens`); at equal
@@ -597,9 +620,14 @@ export class CostPolicy implements RoutingPolicy {
     this.observeFleet(candidates, request);
     if (this.fleet.newSession) this.boundNewSession(candidates, request);
     const scores = this.scoreAll(candidates, request);
-    const picked = pickMaxScore(scores, candidates.length, this.tieBreak, this.scratch, request.dryRun !== true);
-    if (picked < 0) return NO_CHOICE;
-    const index = preferredAmongTies(candidates, scores, picked);
+    // a new session's workflow or CLA group names a worker of its own, which it takes within
+    // its TTFT bound; otherwise the cheapest, with the rotation where costs tie
+    let index = this.fleet.newSession ? preferredWithinBound(candidates, scores) : -1;
+    if (index < 0) {
+      const picked = pickMaxScore(scores, candidates.length, this.tieBreak, this.scratch, request.dryRun !== true);
+      if (picked < 0) return NO_CHOICE;
+      index = preferredAmongTies(candidates, scores, picked);
+    }
     const chosen = candidates[index];
     const t = this.termsOf(chosen, request);
     const cached = t.cached;

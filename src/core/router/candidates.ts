@@ -126,7 +126,8 @@ export class CandidateCollector {
         holdsAnchor = overlapBlocks > 0 && overlapBlocks === o.maxBlocks;
       }
       const servesCla = claGroups && worker.claGroups.has(claGroup!);
-      const continuity = previousStepWorker === worker.id;
+      // a judge's step reuses no KV there and leaves none the workflow can use: no worker is its own
+      const continuity = !isolated && previousStepWorker === worker.id;
       const indexEntries = index.entriesFor(slot);
       const c = candidates[n] as Candidate | undefined;
       if (c && c.worker === worker) {
