@@ -34,6 +34,9 @@ export { offsetEndpointPort } from './mock/rank-core.js';
  * - `loraModules`: adapters served beside the base model; /v1/models lists each with
  *   `parent` = the base model (vLLM's ModelCard); a request naming an adapter has its blocks
  *   keyed by the adapter (`lora_name`, and extra_keys as vllm/v1/core/kv_cache_utils.py).
+ *   POST /v1/unload_lora_adapter `{"lora_name"}` unloads one at run time, as vLLM's does (with
+ *   VLLM_ALLOW_RUNTIME_LORA_UPDATING): /v1/models lists it no more, and a request naming it gets
+ *   vLLM's 404 for a model it does not serve.
  * - `blockHash: 'vllm'`: the engine's block hashes are vLLM's, by `prefixCachingHashAlgo`
  *   (its --prefix-caching-hash-algo, default sha256_cbor as the router's) seeded from
  *   `pythonHashSeed` (as PYTHONHASHSEED), published as 64-bit ints
@@ -98,6 +101,8 @@ export class MockEngine {
   private readonly hashSalt: string;
   private readonly vllmHasher: VllmBlockHasher | undefined;
   private readonly modelStart = Date.now();
+  /** Adapters of `loraModules` unloaded at run time (/v1/unload_lora_adapter). */
+  private readonly unloaded = new Set<string>();
   port = 0;
 
   constructor(private readonly options: MockEngineOptions = {}) {
@@ -208,7 +213,12 @@ export class MockEngine {
         return json(
           res,
           200,
-          modelList(this.model, this.loraModules, Math.floor(this.modelStart / 1000), this.cores[0].engine.maxModelLen),
+          modelList(
+            this.model,
+            this.loraModules.filter((name) => !this.unloaded.has(name)),
+            Math.floor(this.modelStart / 1000),
+            this.cores[0].engine.maxModelLen,
+          ),
         );
       }
       if (req.method === 'GET' && url.pathname === '/metrics')
@@ -220,6 +230,7 @@ export class MockEngine {
       if (req.method !== 'POST') throw new HttpError(404, `no route ${req.method} ${url.pathname}`);
       const body = await readJson(req, this.maxBodyBytes);
       if (url.pathname === '/tokenize') return json(res, 200, this.tokenize(body));
+      if (url.pathname === '/v1/unload_lora_adapter') return this.unloadAdapter(body, res);
       if (url.pathname === '/v1/completions')
         return this.generate(body, res, false, req.headers['x-data-parallel-rank']);
       if (url.pathname === '/v1/chat/completions')
@@ -231,9 +242,9 @@ export class MockEngine {
         json(res, e.status, {
           error: {
             message: e.message,
-            type: e.status < 500 ? 'invalid_request_error' : 'server_error',
+            type: e.type ?? (e.status < 500 ? 'invalid_request_error' : 'server_error'),
             param: e.param ?? null,
-            code: null,
+            code: e.type === undefined ? null : e.status,
           },
         });
       else res.end();
@@ -263,14 +274,36 @@ export class MockEngine {
 
   /**
    * The model a request names (the base model when it names none): 400 when it is not a string,
-   * as vLLM's request validation answers, 404 when it is neither the model nor an adapter.
+   * as vLLM's request validation answers, 404 when it is neither the model nor an adapter
+   * loaded, in vLLM's words and shape (OpenAIServing._check_model: `NotFoundError`, code 404).
    */
   private servedModel(requested: unknown): string {
     if (requested === undefined || requested === null) return this.model;
     if (typeof requested !== 'string') throw new HttpError(400, 'model must be a string', 'model');
-    if (requested !== this.model && !this.loraModules.includes(requested))
-      throw new HttpError(404, `model '${requested}' does not exist`, 'model');
+    if (requested !== this.model && (!this.loraModules.includes(requested) || this.unloaded.has(requested)))
+      throw new HttpError(404, `The model \`${requested}\` does not exist.`, 'model', 'NotFoundError');
     return requested;
+  }
+
+  /**
+   * vLLM's /v1/unload_lora_adapter: the adapter named is served no more (200 with its text), 404
+   * when it is not loaded, 400 without a name (OpenAIServingModels.unload_lora_adapter).
+   */
+  private unloadAdapter(body: Record<string, unknown>, res: ServerResponse): void {
+    const name = body.lora_name;
+    if (typeof name !== 'string' || name === '')
+      throw new HttpError(
+        400,
+        "'lora_name' needs to be provided to unload a LoRA adapter.",
+        undefined,
+        'InvalidUserInput',
+      );
+    if (!this.loraModules.includes(name) || this.unloaded.has(name))
+      throw new HttpError(404, `The lora adapter '${name}' cannot be found.`, undefined, 'NotFoundError');
+    this.unloaded.add(name);
+    res
+      .writeHead(200, { 'content-type': 'text/plain; charset=utf-8' })
+      .end(`Success: LoRA adapter '${name}' removed successfully.`);
   }
 
   /** vLLM's /tokenize: the prompt (or chat, with its tools and template options) as token ids. */

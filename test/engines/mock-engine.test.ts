@@ -125,6 +125,27 @@ describe('mock engine: OpenAI API', () => {
     }
     assert.equal((await fetch(`http://127.0.0.1:${e.port}/health`)).status, 200);
   });
+
+  test("an adapter unloaded at run time is listed and served no more, with vLLM's 404", async () => {
+    const e = await engine({ loraModules: ['sql', 'chat-v2'] });
+    const ids = async () =>
+      ((await read(fetch(`http://127.0.0.1:${e.port}/v1/models`))).data as Json[]).map((m) => m.id);
+    assert.equal((await post(e, '/v1/completions', { model: 'sql', prompt: 'x', max_tokens: 1 })).status, 200);
+    const unloaded = await post(e, '/v1/unload_lora_adapter', { lora_name: 'sql' });
+    assert.equal(unloaded.status, 200);
+    assert.match(await unloaded.text(), /Success: LoRA adapter 'sql' removed/);
+    assert.deepEqual(await ids(), ['mock', 'chat-v2']);
+    for (const stream of [false, true]) {
+      const res = await post(e, '/v1/completions', { model: 'sql', prompt: 'x', max_tokens: 1, stream });
+      assert.equal(res.status, 404);
+      assert.deepEqual(await res.json(), {
+        error: { message: 'The model `sql` does not exist.', type: 'NotFoundError', param: 'model', code: 404 },
+      });
+    }
+    assert.equal((await post(e, '/v1/completions', { model: 'chat-v2', prompt: 'x', max_tokens: 1 })).status, 200);
+    assert.equal((await post(e, '/v1/unload_lora_adapter', { lora_name: 'sql' })).status, 404, 'not loaded');
+    assert.equal((await post(e, '/v1/unload_lora_adapter', {})).status, 400, 'no name');
+  });
 });
 
 describe('mock engines → KV events → router index', () => {

@@ -1,11 +1,15 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 
-/** An error the mock engine answers with its status, in the OpenAI error shape. */
+/**
+ * An error the mock engine answers with its status, in the OpenAI error shape; with `type`, in
+ * vLLM's own (its `type`, and `code` the status: vLLM's ErrorResponse).
+ */
 export class HttpError extends Error {
   constructor(
     readonly status: number,
     message: string,
     readonly param?: string,
+    readonly type?: string,
   ) {
     super(message);
   }
