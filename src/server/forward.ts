@@ -176,6 +176,13 @@ export interface ForwardOptions {
    */
   onConnectionLost: () => void;
   /**
+   * The engine answered its model-not-found 404 (JSON: vLLM's `{"error": {"type": "NotFoundError",
+   * "code": 404, …}}`), whole, before anything reached the client: true when another worker is to
+   * take the request (its engine lists the model: an adapter unloaded from this engine at run time
+   * is served there), and the attempt ends 'retry'; false (or unset) passes the 404 on.
+   */
+  onModelNotFound?: () => boolean;
+  /**
    * The attempt ended 'retry' (the engine failed before anything reached the client) or 'cut'
    * (it failed after): why (called once, just before the outcome is known).
    */
@@ -1648,18 +1655,24 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
           this.o.onWholeAnswerStreamed?.();
         }
       }
-      if (this.status >= 400 && this.headers!['content-encoding'] === undefined && !isWholeJson(payload)) {
-        // a client error that is no JSON: a page of something in front of the engine (nginx's
-        // 413, a text/plain 400). A 404 page of a declared type (text/html, text/plain) is no
-        // engine's word on the request (vLLM's model-not-found is JSON) but a URL that leads to
-        // another service: a failed attempt, as a redirect is. Any other (a 404 of no declared
-        // type too) reaches the client as an OpenAI error object, which its SDK can read
-        if (this.status === 404 && this.typeDeclared) {
+      if (this.status >= 400 && this.headers!['content-encoding'] === undefined) {
+        if (!isWholeJson(payload)) {
+          // a client error that is no JSON: a page of something in front of the engine (nginx's
+          // 413, a text/plain 400). A 404 page of a declared type (text/html, text/plain) is no
+          // engine's word on the request (vLLM's model-not-found is JSON) but a URL that leads to
+          // another service: a failed attempt, as a redirect is. Any other (a 404 of no declared
+          // type too) reaches the client as an OpenAI error object, which its SDK can read
+          if (this.status === 404 && this.typeDeclared) {
+            this.failure ??= 'status';
+            return this.settle('retry');
+          }
+          payload = Buffer.from(JSON.stringify(pageError(this.status, payload)));
+          this.headers!['content-type'] = 'application/json';
+        } else if (this.status === 404 && this.o.onModelNotFound?.() === true) {
+          // the engine's model-not-found, where another worker serves the model: tried there
           this.failure ??= 'status';
           return this.settle('retry');
         }
-        payload = Buffer.from(JSON.stringify(pageError(this.status, payload)));
-        this.headers!['content-type'] = 'application/json';
       }
       this.startResponse(payload.length);
       this.parts = undefined;

@@ -8,11 +8,13 @@
  * error (its error object as the JSON, an error event before the stream's first), a streamed
  * answer's first byte overdue, the
  * worker leaving rotation, every connection the gateway keeps to the engine busy past the
- * deadline — is retried on another worker (and, except when the worker was taken out, the
- * gateway's connections to it were all busy or the engine said it is busy — a 429, a request it
- * will not queue —, counted by the circuit breaker: an engine's server error answer only once
- * another worker answers the request, as the request may be what fails; a first byte overdue only
- * when the rest of the fleet served meanwhile, else the worker's deadline learns the wait). A client that
+ * deadline, the engine's model-not-found 404 when another worker's engine lists the model (an
+ * adapter unloaded from one engine at run time) — is retried on another worker (and, except when
+ * the worker was taken out, the gateway's connections to it were all busy, the engine said it is
+ * busy — a 429, a request it will not queue — or does not serve the model, counted by the circuit
+ * breaker: an engine's server error answer only once another worker answers the request, as the
+ * request may be what fails; a first byte overdue only when the rest of the fleet served
+ * meanwhile, else the worker's deadline learns the wait). A client that
  * goes away is not an engine failure: no breaker count, no failure metric, no retry. The router's in-flight ticket
  * follows the request: prefill until the first byte of a streamed answer that reaches the client
  * (a failed attempt's first byte is neither the end of the prefill nor the request's time to first
@@ -284,6 +286,12 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     let excludedNow: Set<string> | undefined;
     // the workers out of rotation the attempt could be routed over (panic routing), when it was
     let panicCandidates: ReadonlySet<string> | undefined;
+    /**
+     * An engine answered the request with its model-not-found 404 and it was retried: from then on
+     * it goes only to workers whose engines are known to serve its model (connections.notListing),
+     * not to one whose list is unknown, which may answer the same.
+     */
+    let listedOnly = false;
     for (let attempt = 0; ; attempt++) {
       if (reply.raw.destroyed) {
         // the client left while the request waited for a retry
@@ -292,7 +300,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       }
       // the workers route() leaves out: those not serving the model now and those that failed the
       // request (until one does, the set withoutModel() keeps for the model: nothing is made)
-      const without = connections.withoutModel(model);
+      const without = listedOnly ? connections.notListing(model) : connections.withoutModel(model);
       const excluded =
         failedWorkers === undefined ? without : union((excludedNow ??= new Set()), without, failedWorkers);
       // a whole answer shows no first token: the router reads it off the engine's queue
@@ -357,6 +365,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       let busy = false;
       // a streamed answer's first byte did not come within the deadline (ForwardOptions.onFirstByteOverdue)
       let firstByteOverdue = false;
+      // the engine answered its model-not-found 404, and another worker takes the request (ForwardOptions.onModelNotFound)
+      let modelNotFound = false;
       // why the attempt failed, when it did (ForwardOptions.onFailed)
       let failure: FailureReason = 'reset';
       const firstByteTimeoutMs = streaming ? firstByte.deadlineMs(decision.workerId) : interChunkTimeoutMs;
@@ -405,6 +415,18 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           if (decision.shared) state.decisionRefused(decision.shared);
         },
         onConnectionLost: () => (connectionLost = true),
+        // tried elsewhere only within the retries, and only when another worker whose engine lists
+        // the model can take it (none of this engine's ranks: the engine serves the model on none)
+        onModelNotFound: () =>
+          (modelNotFound =
+            attempt < maxRetries &&
+            hasOtherCandidate(
+              router,
+              connections.notListing(model),
+              failedWorkers,
+              panicCandidates,
+              connections.routerIdsOf(decision.workerId),
+            )),
         onFailed: (reason) => (failure = reason),
         onCommitted: dropBody,
         streams,
@@ -453,7 +475,9 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           // (an engine restarted under the connections the gateway kept to it): only when the
           // attempt started after the worker's last counted one was seen (CircuitBreaker.connectionLost)
           else if (connectionLost) breaker.connectionLost(decision.workerId, startedAt);
-          else if (!busy) breaker.failed(decision.workerId);
+          // an engine's model-not-found 404 is its word on the request's model (its list out of
+          // date: an adapter unloaded), no failure: nothing for the breaker, as for a busy engine
+          else if (!busy && !modelNotFound) breaker.failed(decision.workerId);
           if (connections.get(decision.workerId))
             metrics.upstreamFailures.inc({ worker: decision.workerId, reason: failure });
         } else if (outcome === 'no-connection') {
@@ -473,11 +497,19 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         // the broken one), within the retries; its failure still counts (toward the circuit once for
         // the attempts already under way when a counted one broke)
         // (the workers serving the model are read as they are now: the next attempt reads them so)
-        const notServingNow = connections.withoutModel(model);
+        if (modelNotFound) {
+          // its engine serves the model on none of its ranks, and the workers whose engines list it
+          // take the request from here; its list is read again for the next requests (as when its
+          // 404 is passed on)
+          for (const id of connections.routerIdsOf(decision.workerId)) (failedWorkers ??= new Set()).add(id);
+          listedOnly = true;
+          void connections.refreshModels();
+        }
+        const notServingNow = listedOnly ? connections.notListing(model) : connections.withoutModel(model);
         const sameAgain =
           connectionLost &&
           attempt < maxRetries &&
-          !hasOtherCandidate(router, notServingNow, failedWorkers, panicCandidates, decision.workerId);
+          !hasOtherCandidate(router, notServingNow, failedWorkers, panicCandidates, [decision.workerId]);
         if (!sameAgain) (failedWorkers ??= new Set()).add(decision.workerId);
         // the pause spaces attempts; with none left to try there is nothing to wait for
         const retrying =
@@ -516,11 +548,12 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         // an engine's 404 on a completion path is its model-not-found (vLLM: {"error": {"type":
         // "NotFoundError", …}}): requests go only to workers whose engines list the model, or whose
         // list was never read, so its list was unknown or is out of date; it is read again for the
-        // next requests. The 404 itself is passed on, not retried elsewhere: it is the engine's word
-        // on the client's name (a name no engine serves would otherwise cost an attempt on every
-        // worker whose list is unknown, up to the retries, and end as the gateway's 502 instead of
-        // the engine's 404), and a worker whose engine lists the model is chosen over it from the
-        // first read that answers
+        // next requests. A 404 that reaches the client here is the engine's word on the client's
+        // name: it is retried (onModelNotFound) only on a worker whose engine lists the model (an
+        // adapter unloaded from this engine at run time, still served by others), never on one
+        // whose list is unknown (a name no engine serves would otherwise cost an attempt on every
+        // such worker, up to the retries, and end as the gateway's 502 instead of the engine's
+        // 404); a worker whose engine lists the model is chosen over it from the first read that answers
         if (reply.raw.statusCode === 404) void connections.refreshModels();
         // another worker answered (a client's error is no answer that clears the request)
         if (served && answeredServerError) for (const id of answeredServerError) breaker.failed(id);
@@ -533,7 +566,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
 }
 
 /**
- * Whether a worker neither in `notServing` nor in `failedWorkers` (nor `besides`) is available, or one of
+ * Whether a worker neither in `notServing` nor in `failedWorkers` (nor among `besides`) is available, or one of
  * `panicCandidates` not draining: one the next attempt's route() could choose (route() takes its
  * candidates from the available workers outside its exclusions, and in panic routing from those
  * held out only by probes that timed out).
@@ -543,7 +576,7 @@ function hasOtherCandidate(
   notServing: ReadonlySet<string>,
   failedWorkers: ReadonlySet<string> | undefined,
   panicCandidates: ReadonlySet<string> | undefined,
-  besides?: string,
+  besides?: readonly string[],
 ): boolean {
   return router
     .listWorkers()
@@ -552,7 +585,7 @@ function hasOtherCandidate(
         (w.available || (panicCandidates?.has(w.id) === true && !w.draining)) &&
         !notServing.has(w.id) &&
         failedWorkers?.has(w.id) !== true &&
-        w.id !== besides,
+        besides?.includes(w.id) !== true,
     );
 }
 

@@ -894,6 +894,19 @@ export class WorkerConnections {
     return out;
   }
 
+  /**
+   * Workers not known to serve `model` as they are now: those withoutModel() leaves out, and those
+   * whose models are not known (their engine never answered a /v1/models read). After an engine
+   * answered a request with its model-not-found 404, the request goes on only to workers known to
+   * serve its model (the proxy): one whose list is unknown may answer the same. Made at each call:
+   * asked only after such a 404.
+   */
+  notListing(model: unknown): Set<string> {
+    const out = new Set<string>();
+    for (const [id, c] of this.connections) if (typeof model !== 'string' || serves(c, model) !== true) out.add(id);
+    return out;
+  }
+
   /** The workers whose operator lists their models. */
   private listingWorkers(): Set<string> {
     const out = new Set<string>();

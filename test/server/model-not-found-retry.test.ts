@@ -1,0 +1,161 @@
+/**
+ * An engine's model-not-found 404 (vLLM's `NotFoundError`) before anything reached the client is
+ * retried on another worker whose engine lists the model, and only there: an adapter unloaded
+ * from one engine at run time (vLLM's /v1/unload_lora_adapter) is still served by the others
+ * before the gateway reads the lists again. The 404 is no failure of the worker's (its circuit
+ * does not count it); a name no engine lists, or one only workers whose lists are unknown may
+ * serve, still gets the engine's 404 after one attempt.
+ */
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { MockEngine } from '../../src/engines/mock-engine.js';
+import { KVAwareRouter } from '../../src/index.js';
+import { createGateway, type Gateway } from '../../src/server/gateway.js';
+import { fakeEngine, OK_COMPLETION, sample } from '../faults/harness.js';
+import { until } from '../helpers/wait.js';
+
+const complete = (url: string, model: string, stream = false) =>
+  fetch(`${url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model, prompt: 'same prompt', max_tokens: 2, stream }),
+  });
+
+/** A gateway (round-robin, a circuit that opens at one counted failure) over `workers`, listening. */
+async function gateway(workers: Array<{ id: string; url: string }>): Promise<{ gw: Gateway; url: string }> {
+  const gw = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    workers,
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+    breakerFailures: 1,
+  });
+  const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
+  return { gw, url };
+}
+
+const available = async (url: string) =>
+  ((await (await fetch(`${url}/readyz`)).json()) as { availableWorkers: number }).availableWorkers;
+
+for (const stream of [false, true]) {
+  test(`an adapter unloaded from one engine is served by another that lists it (stream: ${stream})`, async (t) => {
+    const a = await new MockEngine({ model: 'm', loraModules: ['l1'] }).start();
+    const b = await new MockEngine({ model: 'm', loraModules: ['l1'] }).start();
+    const { gw, url } = await gateway([
+      { id: 'a', url: `http://127.0.0.1:${a.port}` },
+      { id: 'b', url: `http://127.0.0.1:${b.port}` },
+    ]);
+    t.after(async () => {
+      await gw.close();
+      await a.close();
+      await b.close();
+    });
+    await until(
+      () => ['a', 'b'].every((id) => gw.connections.get(id)?.listed?.has('l1') === true),
+      'both lists read, listing l1',
+    );
+    const unloaded = await fetch(`http://127.0.0.1:${a.port}/v1/unload_lora_adapter`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ lora_name: 'l1' }),
+    });
+    assert.equal(unloaded.status, 200, await unloaded.text());
+    const direct = await fetch(`http://127.0.0.1:${a.port}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'l1', prompt: 'x', max_tokens: 1 }),
+    });
+    assert.equal(direct.status, 404, 'a serves l1 no more');
+    // the gateway still reads a's list as listing l1: round-robin sends one of the first requests
+    // there, whose 404 is retried on b (and has a's list read again)
+    const tried = () => sample(gw.metrics, 'contextforge_upstream_retries_total{worker="a"}');
+    for (let i = 0; i < 4 && (await tried()) === 0; i++) {
+      const r = await complete(url, 'l1', stream);
+      const text = await r.text();
+      assert.equal(r.status, 200, text);
+      assert.equal(r.headers.get('x-contextforge-worker'), 'b', text);
+      if (stream) {
+        assert.match(r.headers.get('content-type') ?? '', /text\/event-stream/);
+        assert.match(text, /data: \[DONE\]/);
+      } else assert.ok(((JSON.parse(text) as { choices: unknown[] }).choices ?? []).length > 0, text);
+    }
+    assert.equal(await tried(), 1, "a's 404 retried once");
+    assert.equal(
+      await sample(gw.metrics, 'contextforge_upstream_failures_total{worker="a",reason="status"}'),
+      1,
+      'counted as a failed attempt whose reason is its status',
+    );
+    // no breaker count: with a circuit that opens at one failure, a is still in rotation
+    assert.equal(await available(url), 2, "a's circuit is not opened by its 404");
+    await until(() => gw.connections.get('a')?.listed?.has('l1') === false, "a's list read again");
+  });
+}
+
+test('a name no engine serves gets the engine 404 after one attempt', async (t) => {
+  const a = await new MockEngine({ model: 'm', loraModules: ['l1'] }).start();
+  const b = await new MockEngine({ model: 'm', loraModules: ['l1'] }).start();
+  const { gw, url } = await gateway([
+    { id: 'a', url: `http://127.0.0.1:${a.port}` },
+    { id: 'b', url: `http://127.0.0.1:${b.port}` },
+  ]);
+  t.after(async () => {
+    await gw.close();
+    await a.close();
+    await b.close();
+  });
+  await until(() => ['a', 'b'].every((id) => gw.connections.get(id)?.listed !== undefined), 'both lists read');
+  for (const stream of [false, true]) {
+    const r = await complete(url, 'nope', stream);
+    assert.equal(r.status, 404);
+    const body = (await r.json()) as { error: { type: string; code: number; message: string } };
+    assert.equal(body.error.type, 'NotFoundError', 'the engine 404, passed on');
+    assert.equal(body.error.code, 404);
+    assert.match(body.error.message, /The model `nope` does not exist/);
+  }
+  assert.equal(await sample(gw.metrics, 'contextforge_upstream_retries_total'), 0, 'no retry');
+  assert.equal(await sample(gw.metrics, 'contextforge_upstream_failures_total'), 0, 'no failed attempt');
+});
+
+test('a 404 is not retried on a worker whose model list is unknown', async (t) => {
+  const a = await new MockEngine({ model: 'm', loraModules: ['l1'] }).start();
+  // c serves every name, but its /v1/models never answers with a list
+  let completions = 0;
+  const c = await fakeEngine((req, res) => {
+    req.resume();
+    if (req.url === '/v1/models') return void res.writeHead(500).end();
+    completions++;
+    res.writeHead(200, { 'content-type': 'application/json' }).end(OK_COMPLETION);
+  });
+  const { gw, url } = await gateway([
+    { id: 'a', url: `http://127.0.0.1:${a.port}` },
+    { id: 'c', url: c.url },
+  ]);
+  t.after(async () => {
+    await gw.close();
+    await a.close();
+    await c.close();
+  });
+  await until(() => gw.connections.get('a')?.listed?.has('l1') === true, "a's list read");
+  await fetch(`http://127.0.0.1:${a.port}/v1/unload_lora_adapter`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ lora_name: 'l1' }),
+  }).then((r) => r.arrayBuffer());
+  let served = 0;
+  let notFound = 0;
+  for (let i = 0; i < 4 && notFound === 0; i++) {
+    const r = await complete(url, 'l1');
+    const text = await r.text();
+    if (r.status === 200) {
+      assert.equal(r.headers.get('x-contextforge-worker'), 'c', text);
+      served++;
+    } else {
+      assert.equal(r.status, 404, text);
+      assert.equal(r.headers.get('x-contextforge-worker'), 'a', text);
+      notFound++;
+    }
+  }
+  assert.equal(notFound, 1, "a's 404 passed on");
+  assert.equal(completions, served, 'c took only the requests routed to it first');
+  assert.equal(await sample(gw.metrics, 'contextforge_upstream_retries_total'), 0, 'no retry');
+});
