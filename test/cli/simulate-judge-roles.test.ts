@@ -55,6 +55,25 @@ test("a trace's agent_role isolates the requests of the roles --judge-roles name
     assert.deepEqual(cachedTokens(trace, []), [0, 512, 512]);
     // the critic, a judge, reuses nothing; the writer does
     assert.deepEqual(cachedTokens(trace, ['--judge-roles', 'judge, critic']), [0, 0, 512]);
+    // and the bounds count it as an isolated line: nothing a policy could not reach
+    const bound = (args: string[]) => {
+      const r = cli([
+        'simulate',
+        '--trace',
+        trace,
+        '--workers',
+        '1',
+        '--policies',
+        'seed',
+        '--format',
+        'json',
+        ...args,
+      ]);
+      assert.equal(r.status, 0, r.stderr);
+      return (JSON.parse(r.stdout) as { bounds: { infiniteCacheHitRate: number } }).bounds.infiniteCacheHitRate;
+    };
+    assert.equal(bound([]), 0.3413); // 1,024 of 3,000 prompt tokens, as the JSON rounds it
+    assert.equal(bound(['--judge-roles', 'critic']), 0.1707); // the writer's 512 alone
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }

@@ -282,6 +282,38 @@ describe('workflow continuity', () => {
     }
   });
 
+  test("a new session's step leaves its previous worker when that worker's KV is past the knee", () => {
+    const r = new KVAwareRouter({ blockSize: 4 });
+    for (let i = 0; i < 3; i++) r.registerWorker(`w${i}`);
+    const prompt = (from: number) => Array.from({ length: 4096 }, (_, k) => from + k);
+    const first = r.route({ tokens: prompt(0), workflowId: 'wf', workflowStep: 0 });
+    r.release(first.ticket);
+    // within the TTFT bound, but the pressure past the knee costs it more than the slack
+    for (let i = 0; i < 3; i++)
+      r.updateWorkerMetrics(`w${i}`, {
+        kvUsage: `w${i}` === first.workerId ? 0.9 : 0.3,
+        kvCapacityTokens: 60_000,
+      });
+    const d = r.route({ tokens: prompt(100_000), workflowId: 'wf', workflowStep: 1 }, { dryRun: true });
+    assert.notEqual(d.workerId, first.workerId);
+  });
+
+  test("an isolated step (a judge) does not become its workflow's worker", () => {
+    const r = new KVAwareRouter({ blockSize: 4 });
+    for (let i = 0; i < 3; i++) r.registerWorker(`w${i}`);
+    const prompt = (from: number) => Array.from({ length: 16 }, (_, k) => from + k);
+    const first = r.route({ tokens: prompt(0), workflowId: 'wf', workflowStep: 0 });
+    r.release(first.ticket);
+    const judge = r.route(
+      { tokens: prompt(500), workflowId: 'wf', workflowStep: 1, isolate: true },
+      { exclude: new Set([first.workerId]) },
+    );
+    r.release(judge.ticket);
+    assert.equal(r.workflowAffinity('wf')?.workerId, first.workerId);
+    const next = r.route({ tokens: prompt(1000), workflowId: 'wf', workflowStep: 2 });
+    assert.equal(next.workerId, first.workerId);
+  });
+
   test('a step moves when the previous worker is overloaded', async () => {
     const r = await fleet(2);
     const first = await r.selectWorker('s0', { workflowId: 'wf', workflowStep: 0 });

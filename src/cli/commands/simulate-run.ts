@@ -41,6 +41,12 @@ export async function runSimulate(flags: SimulateFlags): Promise<void> {
   checkDistinctOutputs(outputs, [['--trace', flags.trace]]);
   const { name, requests } = await loadTrace(flags.trace);
   checkKvHoldsBlock(flags, requests[0]?.blockSize);
+  // a judge role's lines are isolated everywhere the run reads them, as `isolate: true` lines
+  // are: the engines' keys, the seed's anchor, the bounds (the router is told the roles too)
+  if (flags.judgeRoles) {
+    const judges = new Set(flags.judgeRoles);
+    for (const r of requests) if (r.agentRole !== undefined && judges.has(r.agentRole)) r.isolate = true;
+  }
   const bar =
     flags.progress && process.stderr.isTTY
       ? new cliProgress.SingleBar(

@@ -459,7 +459,9 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
 /**
  * A new session's own worker: among the candidates its TTFT bound leaves (scores not NaN) and
  * whose cost is within `slack` of the cheapest's, the cheapest that ran its workflow's previous
- * step, else the cheapest serving its CLA group; -1 when none. Nothing of a new session's prompt
+ * step (a pipeline's step, `pipelineStep`: a session's turn that names no step follows its KV,
+ * and where nothing of it is held anywhere it holds no worker either), else the cheapest serving
+ * its CLA group; -1 when none. Nothing of a new session's prompt
  * is held anywhere more than everywhere, so the cost's cache terms cannot stand for them: a
  * workflow's next step on prompts of its own, or a CLA group's requests, spread over the fleet by
  * differences of a fraction of a percent in the other terms, though the seed prefers those
@@ -467,7 +469,12 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
  * other sessions (newSessionSlack), of its whole cost: a step leaves a worker that costs more
  * than that (a queue, KV past the knee).
  */
-function preferredWithinBound(candidates: readonly Candidate[], scores: Float64Array, slack: number): number {
+function preferredWithinBound(
+  candidates: readonly Candidate[],
+  scores: Float64Array,
+  slack: number,
+  pipelineStep: boolean,
+): number {
   let best = -Infinity;
   for (let i = 0; i < candidates.length; i++) if (scores[i] > best) best = scores[i];
   // scores are −cost: within the slack of the cheapest's cost
@@ -479,7 +486,7 @@ function preferredWithinBound(candidates: readonly Candidate[], scores: Float64A
     // NaN (outside the TTFT bound, or excluded) fails the comparison
     if (!(s >= floor)) continue;
     const c = candidates[i];
-    if (c.continuity && (continuity < 0 || s > scores[continuity])) continuity = i;
+    if (pipelineStep && c.continuity && (continuity < 0 || s > scores[continuity])) continuity = i;
     if (c.servesCla && (serving < 0 || s > scores[serving])) serving = i;
   }
   return continuity >= 0 ? continuity : serving;
@@ -628,7 +635,14 @@ export class CostPolicy implements RoutingPolicy {
     const scores = this.scoreAll(candidates, request);
     // a new session's workflow or CLA group names a worker of its own, which it takes within
     // its TTFT bound; otherwise the cheapest, with the rotation where costs tie
-    let index = this.fleet.newSession ? preferredWithinBound(candidates, scores, this.weights.newSessionSlack) : -1;
+    let index = this.fleet.newSession
+      ? preferredWithinBound(
+          candidates,
+          scores,
+          this.weights.newSessionSlack,
+          request.workflowStep !== null && request.workflowStep !== undefined,
+        )
+      : -1;
     if (index < 0) {
       const picked = pickMaxScore(scores, candidates.length, this.tieBreak, this.scratch, request.dryRun !== true);
       if (picked < 0) return NO_CHOICE;

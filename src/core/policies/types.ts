@@ -61,6 +61,11 @@ export interface RouteFeatures {
    */
   readonly firstTokenReported?: boolean;
   /**
+   * The step the request names in its workflow (a multi-agent pipeline's step), null when it
+   * names none (a session's turns carry a workflow id alone).
+   */
+  readonly workflowStep?: number | null;
+  /**
    * A dry run (RouteOptions.dryRun): the decision is shown, not acted on. A policy keeps its
    * rotation (a tie cursor, a round-robin turn) where it is, so that the next decision is the
    * one shown; the router restores the random source it gives policies (PolicyContext.random).

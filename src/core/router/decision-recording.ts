@@ -108,6 +108,9 @@ export class DecisionRecorder {
     this.added = added;
     this.addedHi = recorded.hi;
     this.addedLo = recorded.lo;
+    // an isolated request (a judge) leaves nothing its anchor or its workflow's next step can
+    // use on its worker: neither moves there
+    if (fields.isolated) return;
     if (fields.anchor !== undefined) this.sinks.anchors.home(fields.anchor, worker.id, fields.claGroup);
     if (fields.workflowId !== undefined) this.sinks.workflows.record(fields.workflowId, worker.id, fields.workflowStep);
   }
@@ -143,9 +146,10 @@ export class DecisionRecorder {
       workerId,
       hi: keys ? keys.hi.slice(start, start + n) : new Uint32Array(0),
       lo: keys ? keys.lo.slice(start, start + n) : new Uint32Array(0),
-      workflowId: fields.workflowId,
-      workflowStep: fields.workflowStep,
-      anchor: fields.anchor,
+      // an isolated request's worker is neither its anchor's nor its workflow's (record())
+      workflowId: fields.isolated ? undefined : fields.workflowId,
+      workflowStep: fields.isolated ? null : fields.workflowStep,
+      anchor: fields.isolated ? undefined : fields.anchor,
       claGroup: fields.claGroup,
       contentAnchors: fields.isolated ? undefined : fields.contentAnchors,
       prefillTokens,

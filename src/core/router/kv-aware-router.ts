@@ -488,6 +488,7 @@ export class KVAwareRouter {
           : 0;
     features.now = now;
     features.firstTokenReported = options.firstTokenReported !== false;
+    features.workflowStep = fields.workflowStep;
     const dryRun = options.dryRun === true;
     features.dryRun = dryRun;
     // a dry run shows the next decision: the random source its policy draws from is put back
@@ -1099,6 +1100,7 @@ function newFeatures(): FeaturesScratch {
     sharedPrefixKey: 0,
     now: 0,
     firstTokenReported: true,
+    workflowStep: null,
     dryRun: false,
   };
 }
