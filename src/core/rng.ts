@@ -10,21 +10,12 @@ export const MAX_SEED = 0xffff_ffff;
  * to 32 bits by its maker (`>>> 0`), which then decides what repeats what.
  */
 export function createRng(seed: number): () => number {
-  if (!(Number.isInteger(seed) && seed >= 0 && seed <= MAX_SEED))
-    throw new RangeError(`seed must be an integer from 0 to ${MAX_SEED}, got ${seed}`);
-  let a = seed;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
+  return new SeededRandom(seed).next;
 }
 
 /**
- * createRng's generator with its state in view: `next` draws, `state` reads and sets where it
- * is. The router draws its policies' random numbers from one and puts it back after a dry run,
+ * The generator with its state in view (createRng's `next`): `next` draws, `state` reads and
+ * sets where it is. The router draws its policies' random numbers from one and puts it back after a dry run,
  * so that the next decision is the one the dry run showed.
  */
 export class SeededRandom {
@@ -36,7 +27,7 @@ export class SeededRandom {
     this.state = seed;
   }
 
-  /** A number in [0, 1), as createRng's (the same sequence for the same seed). */
+  /** A number in [0, 1). */
   readonly next = (): number => {
     const a = (this.state = (this.state + 0x6d2b79f5) >>> 0);
     let t = a;

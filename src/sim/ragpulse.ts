@@ -3,8 +3,7 @@ import { join } from 'node:path';
 import { fmix32 } from '../core/hashing.js';
 import { MAX_CONTENT_ANCHORS } from '../core/router/options-schema.js';
 import { quotedText } from '../core/shown-text.js';
-import { longerThanUtf8Bytes } from '../core/validate.js';
-import { heldBlocks, MAX_TRACE_ID_BYTES, MAX_TRACE_REQUEST_TOKENS, sortByArrival, type TraceRequest } from './trace.js';
+import { heldBlocks, longTraceId, MAX_TRACE_REQUEST_TOKENS, sortByArrival, type TraceRequest } from './trace.js';
 import { MAX_TRACE_REQUESTS, tooManyRecords, traceBlockCounter, TraceFormatError, traceLines } from './trace-lines.js';
 
 /**
@@ -139,10 +138,8 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
     // the router takes a workflow id only non-empty: an empty one is refused here, not mid-replay
     if (r.session_id !== undefined && (typeof r.session_id !== 'string' || r.session_id === ''))
       throw fail('"session_id" must be a non-empty string');
-    if (typeof r.session_id === 'string' && longerThanUtf8Bytes(r.session_id, MAX_TRACE_ID_BYTES))
-      throw fail(
-        `"session_id" must be at most ${MAX_TRACE_ID_BYTES} bytes of UTF-8, got ${r.session_id.length} characters`,
-      );
+    const longSession = typeof r.session_id === 'string' ? longTraceId(r.session_id, 'session_id') : undefined;
+    if (longSession !== undefined) throw fail(longSession);
     const chunks = ids as Partial<Record<ChunkComponent, number[]>>;
     // the simulated router takes at most this many (its maxContentAnchors): refused here, before
     // its blocks are worked out, not mid-replay

@@ -216,15 +216,18 @@ function traceId(value: unknown, key: string, index: number, source: string): st
   if ((typeof value === 'string' && value !== '') || typeof value === 'number') {
     const id = String(value);
     // checked here, naming the line: the simulated router would stop the replay midway
-    if (longerThanUtf8Bytes(id, MAX_TRACE_ID_BYTES))
-      throw new TraceFormatError(
-        index,
-        `"${key}" must be at most ${DEFAULT_MAX_ID_BYTES} bytes of UTF-8, got ${id.length} characters`,
-        source,
-      );
+    const long = longTraceId(id, key);
+    if (long !== undefined) throw new TraceFormatError(index, long, source);
     return id;
   }
   throw new TraceFormatError(index, `"${key}" must be a non-empty string or a number`, source);
+}
+
+/** What is wrong with an id a trace line gives as `key` when it is past MAX_TRACE_ID_BYTES, else undefined. */
+export function longTraceId(id: string, key: string): string | undefined {
+  return longerThanUtf8Bytes(id, MAX_TRACE_ID_BYTES)
+    ? `"${key}" must be at most ${MAX_TRACE_ID_BYTES} bytes of UTF-8, got ${id.length} characters`
+    : undefined;
 }
 
 /** The blocks a request counts against MAX_TRACE_BLOCKS: its hash ids, then each anchor's ceil(tokens / block size). */

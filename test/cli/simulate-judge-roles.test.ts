@@ -55,6 +55,8 @@ test("a trace's agent_role isolates the requests of the roles --judge-roles name
     assert.deepEqual(cachedTokens(trace, []), [0, 512, 512]);
     // the critic, a judge, reuses nothing; the writer does
     assert.deepEqual(cachedTokens(trace, ['--judge-roles', 'judge, critic']), [0, 0, 512]);
+    // given twice, the flag names the roles of both
+    assert.deepEqual(cachedTokens(trace, ['--judge-roles', 'critic', '--judge-roles', 'judge']), [0, 0, 512]);
     // and the bounds count it as an isolated line: nothing a policy could not reach
     const bound = (args: string[]) => {
       const r = cli([

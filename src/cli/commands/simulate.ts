@@ -1,6 +1,7 @@
 import type { Command } from 'commander';
 import { InvalidArgumentError } from 'commander';
 import { checkPolicyOptions, type PolicyOptions } from '../../core/policies/index.js';
+import { MAX_JUDGE_ROLES } from '../../core/router/options-schema.js';
 import { MAX_SEED } from '../../core/rng.js';
 import { quotedText } from '../../core/shown-text.js';
 import { DEFAULT_MAX_ID_BYTES, longerThanUtf8Bytes } from '../../core/validate.js';
@@ -54,20 +55,23 @@ function policyOptionsOption(value: string): PolicyOptions {
 }
 
 /**
- * `--judge-roles a,b`: the agent roles (a trace's `agent_role`) whose requests reuse no other
- * request's KV, as the router's `judgeRoles` (at most 1,024 roles, each at most as long as a trace's ids).
+ * `--judge-roles a,b` (repeatable): the agent roles (a trace's `agent_role`) whose requests reuse
+ * no other request's KV, as the router's `judgeRoles` (at most MAX_JUDGE_ROLES, each at most as
+ * long as a trace's ids).
  */
-function judgeRolesOption(value: string): string[] {
+function judgeRolesOption(value: string, previous: string[] = []): string[] {
   const roles = value.split(',').map((v) => v.trim());
   if (roles.some((r) => r === ''))
     throw new InvalidArgumentError(`--judge-roles must be comma-separated roles, got ${quotedText(value)}`);
-  if (roles.length > 1024) throw new InvalidArgumentError(`--judge-roles names ${roles.length} roles, more than 1024`);
+  const all = [...previous, ...roles];
+  if (all.length > MAX_JUDGE_ROLES)
+    throw new InvalidArgumentError(`--judge-roles names ${all.length} roles, more than ${MAX_JUDGE_ROLES}`);
   const long = roles.find((r) => longerThanUtf8Bytes(r, DEFAULT_MAX_ID_BYTES));
   if (long !== undefined)
     throw new InvalidArgumentError(
       `--judge-roles: a role must be at most ${DEFAULT_MAX_ID_BYTES} bytes of UTF-8, got ${long.length} characters`,
     );
-  return roles;
+  return all;
 }
 
 // an empty item (`--fail ''`, `w1@1s,`) is kept: it is refused as no WORKER@TIME, not dropped unseen

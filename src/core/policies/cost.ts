@@ -82,7 +82,8 @@ import { NO_CHOICE, type Candidate, type PolicyChoice, type RouteFeatures, type 
  * A new session (no worker holds more of it than every worker does) has no worker of its own:
  * it considers only the workers where its estimated TTFT (wait + kvWait) is within
  * `newSessionSlack` of its lowest, and among them takes the one whose own sessions it delays
- * least. Unbounded, the arrival delay would send a long new prompt to the worker receiving the
+ * least, unless its workflow step's previous worker or a worker serving its CLA group costs
+ * within that share more (preferredWithinBound). Unbounded, the arrival delay would send a long new prompt to the worker receiving the
  * fewest requests, often the one with the longest queue; ignored, the prompt lands on a worker
  * whose sessions' next turns then wait behind it, or leave and recompute their history.
  *
@@ -119,7 +120,11 @@ export interface CostWeights {
   workflow: number;
   /** KV capacity of a worker in tokens when its metrics do not say (0: unknown). */
   kvCapacityTokens: number;
-  /** Share of its lowest estimated TTFT a new session may give up to spare the sessions of the worker it lands on. */
+  /**
+   * Share of its lowest estimated TTFT a new session may give up to spare the sessions of the
+   * worker it lands on; and of its lowest cost, to stay with its workflow step's previous worker
+   * or its CLA group's.
+   */
   newSessionSlack: number;
   /** How far past the router's estimate (token equivalents) a first token may come before its worker counts as late. */
   lateGraceTokens: number;
@@ -139,8 +144,8 @@ export interface CostWeights {
  * prompt and no queue counts). The pressure prices what the request holds past the knee at its
  * recompute; how many times is not derived: 3 was chosen on the training split and the seeds
  * the prefix at risk was chosen on (1 to 6 tried, docs/routing.md §7, "The pressure priced at
- * the recompute of what a request holds"). newSessionSlack is a bound on a new session's own TTFT,
- * not a derived quantity: 0.1 was chosen on the training split (0, 0.1 and 0.25 tried,
+ * the recompute of what a request holds"). newSessionSlack is a bound on a new session's own TTFT
+ * (and on what it pays to keep its workflow's or CLA group's worker), not a derived quantity: 0.1 was chosen on the training split (0, 0.1 and 0.25 tried,
  * docs/routing.md §7).
  * - lateGraceTokens: what an engine adds to every first token beyond the queue the router
  *   models: the step in progress when the request arrives (at most one step's token budget,
@@ -515,8 +520,9 @@ function preferredAmongTies(candidates: readonly Candidate[], scores: Float64Arr
 }
 
 /**
- * The default policy (see CostWeights). Ties rotate among the tied workers instead of always
- * going to the first registered one, which would skew a fleet of equally idle workers.
+ * The default policy (see CostWeights). Ties go to the workflow's previous worker or the CLA
+ * group's (preferredAmongTies), else rotate among the tied workers instead of always going to
+ * the first registered one, which would skew a fleet of equally idle workers.
  */
 export class CostPolicy implements RoutingPolicy {
   readonly name = 'cost';

@@ -13,6 +13,9 @@ import { gotPhrase } from '../schema-issues.js';
 import { DEFAULT_MAX_ID_BYTES, MAX_BLOCK_SIZE, MAX_ID_BYTES } from '../validate.js';
 import { VLLM_HASH_ALGOS } from '../vllm-block-hash.js';
 
+/** Most agent roles `judgeRoles` may name. */
+export const MAX_JUDGE_ROLES = 1024;
+
 const positiveInt = () => z.int().min(1);
 
 /** What a PYTHONHASHSEED must be, as the messages about one say it. */
@@ -123,7 +126,7 @@ export const ROUTER_SETTINGS_SCHEMA = z.strictObject({
   predictedCredit: fraction().default(ROUTER_DEFAULTS.predictedCredit),
   contentAnchorCapacity: tableCapacity().default(ROUTER_DEFAULTS.contentAnchorCapacity),
   contentAnchorTtlMs: nonNegative().default(ROUTER_DEFAULTS.contentAnchorTtlMs),
-  judgeRoles: z.array(z.string().min(1)).max(1024).default([]),
+  judgeRoles: z.array(z.string().min(1)).max(MAX_JUDGE_ROLES).default([]),
   instanceId: z.string().min(1).max(256).optional(),
 });
 
