@@ -3,6 +3,7 @@ import type { AddressInfo } from 'node:net';
 import { BlockHashes, hashTokenBlocks } from '../core/hashing.js';
 import { VllmBlockHasher, type VllmHashAlgo } from '../core/vllm-block-hash.js';
 import type { EngineRequest, StepResult } from '../engine-model/index.js';
+import { MAX_DP_START_RANK } from '../server/worker-input.js';
 import type { PromptTokenizer } from './chat-tokenizer.js';
 import { HttpError, json, readJson } from './mock/http.js';
 import { metricsText, modelList } from './mock/metrics.js';
@@ -121,8 +122,8 @@ export class MockEngine {
     if (!(prefill > 0) || !(decode > 0)) throw new RangeError('prefillTokS and decodeTokS must be > 0');
     if (options.replay && !options.events) throw new RangeError('replay needs events');
     const startRank = options.dataParallelStartRank ?? 0;
-    if (!Number.isInteger(startRank) || startRank < 0 || startRank > 1023)
-      throw new RangeError(`dataParallelStartRank must be an integer from 0 to 1023, got ${startRank}`);
+    if (!Number.isInteger(startRank) || startRank < 0 || startRank > MAX_DP_START_RANK)
+      throw new RangeError(`dataParallelStartRank must be an integer from 0 to ${MAX_DP_START_RANK}, got ${startRank}`);
     for (let i = 0; i < this.dataParallelSize; i++) {
       const core = createRankCore(
         startRank + i,

@@ -485,11 +485,11 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           // the engine's ranks share its connections, so none of them can take it either
           noConnection++;
           if (connections.get(decision.workerId)) metrics.connectionWaitTimeouts.inc({ worker: decision.workerId });
-          for (const id of connections.routerIdsOf(decision.workerId)) (failedWorkers ??= new Set()).add(id);
+          failedWorkers = withEngine(failedWorkers, connections.routerIdsOf(decision.workerId));
         } else {
           // its worker left rotation (or was removed): the other ranks of its engine fail with it
           // (worker-connections.ts moves a request only when a worker of another engine can take it)
-          for (const id of connections.routerIdsOf(decision.workerId)) (failedWorkers ??= new Set()).add(id);
+          failedWorkers = withEngine(failedWorkers, connections.routerIdsOf(decision.workerId));
         }
         // a connection that broke before any answer, with no other worker to take the request, is
         // what a connection gone stale in the pool looks like (the engine restarted, something on
@@ -501,7 +501,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
           // its engine serves the model on none of its ranks, and the workers whose engines list it
           // take the request from here; its list is read again for the next requests (as when its
           // 404 is passed on)
-          for (const id of connections.routerIdsOf(decision.workerId)) (failedWorkers ??= new Set()).add(id);
+          failedWorkers = withEngine(failedWorkers, connections.routerIdsOf(decision.workerId));
           listedOnly = true;
           void connections.refreshModels();
         }
@@ -563,6 +563,16 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       return answered(reply);
     }
   };
+}
+
+/**
+ * `failedWorkers` (made when there is none yet) with every router worker of an engine (`ranks`:
+ * WorkerConnections.routerIdsOf) added: they fail the request with it.
+ */
+function withEngine(failedWorkers: Set<string> | undefined, ranks: readonly string[]): Set<string> {
+  const out = failedWorkers ?? new Set<string>();
+  for (const id of ranks) out.add(id);
+  return out;
 }
 
 /**
