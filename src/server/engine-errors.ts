@@ -111,10 +111,27 @@ function isQueueFull(error: unknown): boolean {
   return typeof message === 'string' && QUEUE_FULL_MESSAGES.has(message) && statusOf(error) === 503;
 }
 
-/** An engine's error as the gateway reads it: the status it stands for, and whether it is a queue-full refusal (isQueueFull). */
+/**
+ * Whether an engine's error object (as statusOf reads it, of status 404) is vLLM's model-not-found:
+ * type `NotFoundError`, the answer of OpenAIServing._check_model
+ * (vllm/entrypoints/openai/engine/serving.py: "The model `…` does not exist.", HTTPStatus.NOT_FOUND,
+ * param `model`; `{"error": {…}}` from 0.10, the flat `{"object": "error", …}` before, param null).
+ * A 404 of any other body is not: FastAPI's `{"detail": "Not Found"}` for a route the server does
+ * not serve, a proxy's. SGLang's OpenAI routes answer a name they do not serve as their own model
+ * (sgl-project/sglang#7035, #31404; a 404 for it, #31419, is not merged): no 404 of its to read.
+ */
+function isModelNotFound(error: unknown): boolean {
+  return typeof error === 'object' && error !== null && (error as { type?: unknown }).type === 'NotFoundError';
+}
+
+/**
+ * An engine's error as the gateway reads it: the status it stands for, whether it is a queue-full
+ * refusal (isQueueFull), and, set only when it is, vLLM's model-not-found (isModelNotFound).
+ */
 export interface EngineError {
   status: number;
   queueFull: boolean;
+  modelNotFound?: true;
 }
 
 /** No error: what a value, an answer or events that hold none read as. */
@@ -126,9 +143,14 @@ const NO_ERROR: EngineError = Object.freeze({ status: 0, queueFull: false });
  */
 function errorOf(value: unknown, typedError: boolean): EngineError {
   const status = errorStatusOf(value, typedError);
-  if (status !== 503) return status === 0 ? NO_ERROR : { status, queueFull: false };
+  if (status === 0) return NO_ERROR;
+  if (status !== 503 && status !== 404) return { status, queueFull: false };
+  // a 503 or a 404 is read from an object (a typed event's data that is none reads as 500)
   const { error } = value as { error?: unknown };
-  return { status, queueFull: isQueueFull(error ? error : value) };
+  if (status === 503) return { status, queueFull: isQueueFull(error ? error : value) };
+  return isModelNotFound(error ? error : value)
+    ? { status, queueFull: false, modelNotFound: true }
+    : { status, queueFull: false };
 }
 
 /**
@@ -155,7 +177,8 @@ export function errorAnswerStatus(answer: Buffer): number {
 
 /**
  * The error a complete answer is, read as errorAnswerStatus reads it, with whether it is a
- * queue-full refusal (isQueueFull): of a 200, or the body of an error status.
+ * queue-full refusal (isQueueFull) or vLLM's model-not-found (isModelNotFound): of a 200, or the
+ * body of an error status.
  */
 export function errorAnswer(answer: Buffer): EngineError {
   if (answer.length > MAX_ERROR_ANSWER_BYTES || answer.indexOf(QUOTED_ERROR) < 0) return NO_ERROR;

@@ -176,10 +176,11 @@ export interface ForwardOptions {
    */
   onConnectionLost: () => void;
   /**
-   * The engine answered its model-not-found 404 (JSON: vLLM's `{"error": {"type": "NotFoundError",
-   * "code": 404, …}}`), whole, before anything reached the client: true when another worker is to
-   * take the request (its engine lists the model: an adapter unloaded from this engine at run time
-   * is served there), and the attempt ends 'retry'; false (or unset) passes the 404 on.
+   * The engine answered its model-not-found 404 (vLLM's `NotFoundError`, engine-errors.ts
+   * isModelNotFound: no other 404), whole, before anything reached the client: true when another
+   * worker is to take the request (its engine lists the model: an adapter unloaded from this
+   * engine at run time is served there), and the attempt ends 'retry'; false (or unset) passes
+   * the 404 on.
    */
   onModelNotFound?: () => boolean;
   /**
@@ -1668,8 +1669,16 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
           }
           payload = Buffer.from(JSON.stringify(pageError(this.status, payload)));
           this.headers!['content-type'] = 'application/json';
-        } else if (this.status === 404 && this.o.onModelNotFound?.() === true) {
-          // the engine's model-not-found, where another worker serves the model: tried there
+        } else if (
+          this.status === 404 &&
+          this.o.onModelNotFound !== undefined &&
+          // its body read once: here, or above when it came as a 200's error object
+          (error ?? errorAnswer(payload)).modelNotFound === true &&
+          this.o.onModelNotFound()
+        ) {
+          // vLLM's model-not-found (no other 404: FastAPI's `{"detail": "Not Found"}` is a route
+          // the engine does not serve, which another engine would answer alike), where another
+          // worker's engine lists the model: tried there
           this.failure ??= 'status';
           return this.settle('retry');
         }

@@ -895,15 +895,17 @@ export class WorkerConnections {
   }
 
   /**
-   * Workers not known to serve `model` as they are now: those withoutModel() leaves out, and those
-   * whose models are not known (their engine never answered a /v1/models read). After an engine
-   * answered a request with its model-not-found 404, the request goes on only to workers known to
-   * serve its model (the proxy): one whose list is unknown may answer the same. Made at each call:
-   * asked only after such a 404.
+   * Workers whose engines are not known to serve `model` as they are now: those withoutModel()
+   * leaves out, and those whose engine's /v1/models did not list it, or was never read. A worker's
+   * `models=` is the operator's word, not its engine's: it counts only to leave a worker out.
+   * After an engine answered a request with its model-not-found 404, the request goes on only to
+   * workers whose engines list its model (the proxy): another may answer the same. Made at each
+   * call: asked only after such a 404.
    */
   notListing(model: unknown): Set<string> {
     const out = new Set<string>();
-    for (const [id, c] of this.connections) if (typeof model !== 'string' || serves(c, model) !== true) out.add(id);
+    for (const [id, c] of this.connections)
+      if (typeof model !== 'string' || serves(c, model) !== true || !engineLists(c, model)) out.add(id);
     return out;
   }
 
@@ -1135,6 +1137,11 @@ function refusalMessage(text: string): string {
 function serves(c: WorkerConnection, model: string): boolean | undefined {
   if (c.models) return c.models.has(model) || c.adapters.has(model);
   return c.listed?.has(model);
+}
+
+/** Whether the worker's engine listed `model` in its last /v1/models read that answered (a model or a LoRA adapter). */
+function engineLists(c: WorkerConnection, model: string): boolean {
+  return c.listed?.has(model) === true || c.adapters.has(model);
 }
 
 /**

@@ -218,3 +218,25 @@ test("vLLM's admission refusal (--max-num-queued-reqs, --max-num-queued-tokens) 
     assert.equal(errorAnswer(Buffer.from(vllm(message, code))).queueFull, false, `${message} (${code})`);
   }
 });
+
+test("vLLM's model-not-found 404 is read as such, in both of its shapes, and no other 404 is", () => {
+  const message = 'The model `typo` does not exist.';
+  // 0.10 and later (OpenAIServing._check_model), and before (the flat ErrorResponse)
+  const wrapped = { error: { message, type: 'NotFoundError', param: 'model', code: 404 } };
+  const flat = { object: 'error', message, type: 'NotFoundError', param: null, code: 404 };
+  for (const body of [wrapped, flat])
+    assert.deepEqual(errorAnswer(Buffer.from(JSON.stringify(body))), {
+      status: 404,
+      queueFull: false,
+      modelNotFound: true,
+    });
+  for (const body of [
+    // FastAPI's answer for a route the server does not serve
+    { detail: 'Not Found' },
+    // an OpenAI-style 404 of another kind, an error of another status typed NotFoundError
+    { error: { message, type: 'invalid_request_error', param: 'model', code: 'model_not_found' } },
+    { error: { message, type: 'NotFoundError', param: null, code: 400 } },
+    { message, type: 'NotFoundError', param: null, code: 404 },
+  ])
+    assert.notEqual(errorAnswer(Buffer.from(JSON.stringify(body))).modelNotFound, true, JSON.stringify(body));
+});

@@ -22,7 +22,9 @@ const complete = (url: string, model: string, stream = false) =>
   });
 
 /** A gateway (round-robin, a circuit that opens at one counted failure) over `workers`, listening. */
-async function gateway(workers: Array<{ id: string; url: string }>): Promise<{ gw: Gateway; url: string }> {
+async function gateway(
+  workers: Array<{ id: string; url: string; models?: string[] }>,
+): Promise<{ gw: Gateway; url: string }> {
   const gw = await createGateway({
     router: new KVAwareRouter({ policy: 'round-robin' }),
     workers,
@@ -158,4 +160,59 @@ test('a 404 is not retried on a worker whose model list is unknown', async (t) =
   assert.equal(notFound, 1, "a's 404 passed on");
   assert.equal(completions, served, 'c took only the requests routed to it first');
   assert.equal(await sample(gw.metrics, 'contextforge_upstream_retries_total'), 0, 'no retry');
+});
+
+test("a worker's models= is not its engine's list: a 404 for a name the operator lists is not retried", async (t) => {
+  // every worker says (models=) it serves `typo`; the engines serve `m`, and answer `typo` with
+  // vLLM's model-not-found
+  const engines = await Promise.all([0, 1, 2].map(() => new MockEngine({ model: 'm' }).start()));
+  const ids = ['w0', 'w1', 'w2'];
+  const { gw, url } = await gateway(
+    engines.map((e, i) => ({ id: ids[i]!, url: `http://127.0.0.1:${e.port}`, models: ['typo'] })),
+  );
+  t.after(async () => {
+    await gw.close();
+    for (const e of engines) await e.close();
+  });
+  await until(() => ids.every((id) => gw.connections.get(id)?.listed?.has('m') === true), 'the lists read');
+  const r = await complete(url, 'typo');
+  const body = (await r.json()) as { error: { type: string; message: string } };
+  assert.equal(r.status, 404);
+  assert.equal(body.error.type, 'NotFoundError', 'the engine 404, passed on');
+  assert.match(body.error.message, /The model `typo` does not exist/);
+  assert.equal(await sample(gw.metrics, 'contextforge_upstream_retries_total'), 0, 'no retry');
+  assert.equal(await sample(gw.metrics, 'contextforge_upstream_failures_total'), 0, 'no failed attempt');
+});
+
+test("a JSON 404 that is not the engine's model-not-found (FastAPI's route 404) is not retried", async (t) => {
+  // engines that list `m` and answer every completion as a server with no such route does
+  let completions = 0;
+  const engines = await Promise.all(
+    [0, 1, 2].map(() =>
+      fakeEngine((req, res) => {
+        if (req.url === '/v1/models') {
+          req.resume();
+          return void res
+            .writeHead(200, { 'content-type': 'application/json' })
+            .end(JSON.stringify({ object: 'list', data: [{ id: 'm', object: 'model' }] }));
+        }
+        completions++;
+        req.resume();
+        req.on('end', () => res.writeHead(404, { 'content-type': 'application/json' }).end('{"detail":"Not Found"}'));
+      }),
+    ),
+  );
+  const ids = ['w0', 'w1', 'w2'];
+  const { gw, url } = await gateway(engines.map((e, i) => ({ id: ids[i]!, url: e.url })));
+  t.after(async () => {
+    await gw.close();
+    for (const e of engines) await e.close();
+  });
+  await until(() => ids.every((id) => gw.connections.get(id)?.listed?.has('m') === true), 'the lists read');
+  const r = await complete(url, 'm');
+  assert.equal(r.status, 404);
+  assert.deepEqual(await r.json(), { detail: 'Not Found' }, "the engine's 404, passed on");
+  assert.equal(await sample(gw.metrics, 'contextforge_upstream_retries_total'), 0, 'no retry');
+  assert.equal(await sample(gw.metrics, 'contextforge_upstream_failures_total'), 0, 'no failed attempt');
+  assert.equal(completions, 1, 'one attempt');
 });
