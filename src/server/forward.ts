@@ -78,6 +78,11 @@ export interface ForwardOptions {
    * another. Read while the attempt waits, not copied.
    */
   failedWorkers: ReadonlySet<string>;
+  /**
+   * An engine answered the request its model-not-found 404 and it was retried: a worker leaving
+   * rotation moves it only to one whose engine lists the model (WorkerConnections.notListing).
+   */
+  listedOnly?: boolean;
   /** No retry is left after this attempt: a worker leaving rotation keeps the request. */
   lastAttempt: boolean;
   /** The client asked for a stream. */
@@ -789,6 +794,10 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
 
   get failedWorkers(): ReadonlySet<string> {
     return this.o.failedWorkers;
+  }
+
+  get listedOnly(): boolean {
+    return this.o.listedOnly === true;
   }
 
   get lastAttempt(): boolean {

@@ -380,6 +380,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         cachedTokens: cachedTokensHeader ? cachedTokens : undefined,
         model,
         failedWorkers: failedWorkers ?? NO_WORKERS,
+        listedOnly,
         lastAttempt: attempt >= maxRetries,
         streaming,
         includeUsage,

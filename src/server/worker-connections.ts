@@ -97,6 +97,11 @@ export interface UnansweredRequest {
   readonly model: unknown;
   /** The workers that failed the request, and the ranks of their engines that fail with them: it does not move to them. */
   readonly failedWorkers: ReadonlySet<string>;
+  /**
+   * An engine answered the request its model-not-found 404 and it was retried: it moves only to a
+   * worker whose engine lists its model (notListing() read then), as its retries go.
+   */
+  readonly listedOnly: boolean;
   /** No retry is left: moved, it would fail at once, where the engine may still answer it. */
   readonly lastAttempt: boolean;
   /** Gives the attempt up so the request goes to another worker (outcome 'worker-out'). */
@@ -434,13 +439,14 @@ export class WorkerConnections {
     this.keeping.add(id);
     if (c.unanswered.size === 0) return;
     // the fleet is read once per call, and the workers not serving a model as they are now (kept
-    // per model by withoutModel()): the rest of the decision is the request's own (the workers
-    // that failed it, its retries left)
+    // per model by withoutModel(); after a model-not-found 404, those whose engines do not list
+    // it): the rest of the decision is the request's own (the workers that failed it, its retries left)
     const workers = this.options.router.listWorkers();
     const ranks = this.routerIdsOf(c.workerId);
     for (const req of [...c.unanswered]) {
       if (req.lastAttempt) continue;
-      if (movable(workers, this.withoutModel(req.model), ranks, req.failedWorkers)) req.workerOut();
+      const notServing = req.listedOnly ? this.notListing(req.model) : this.withoutModel(req.model);
+      if (movable(workers, notServing, ranks, req.failedWorkers)) req.workerOut();
     }
   }
 

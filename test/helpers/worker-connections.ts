@@ -25,13 +25,20 @@ export function quietConnections(): { router: KVAwareRouter; health: WorkerHealt
 
 /**
  * Puts a request for `model` unanswered on worker `id` (a stand-in: no connection carries it);
- * returns how many times it has been told to move since.
+ * returns how many times it has been told to move since. `listedOnly`: it was retried after an
+ * engine's model-not-found 404 (UnansweredRequest.listedOnly).
  */
-export function keptRequest(connections: WorkerConnections, id: string, model: string | undefined): () => number {
+export function keptRequest(
+  connections: WorkerConnections,
+  id: string,
+  model: string | undefined,
+  listedOnly = false,
+): () => number {
   let moved = 0;
   connections.get(id)!.unanswered.add({
     model,
     failedWorkers: new Set(),
+    listedOnly,
     lastAttempt: false,
     workerOut: () => moved++,
   });

@@ -13,6 +13,7 @@ import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { fakeEngine, OK_COMPLETION, sample } from '../faults/harness.js';
 import { until } from '../helpers/wait.js';
+import { keptRequest, quietConnections } from '../helpers/worker-connections.js';
 
 const complete = (url: string, model: string, stream = false) =>
   fetch(`${url}/v1/completions`, {
@@ -215,4 +216,34 @@ test("a JSON 404 that is not the engine's model-not-found (FastAPI's route 404) 
   assert.equal(await sample(gw.metrics, 'contextforge_upstream_retries_total'), 0, 'no retry');
   assert.equal(await sample(gw.metrics, 'contextforge_upstream_failures_total'), 0, 'no failed attempt');
   assert.equal(completions, 1, 'one attempt');
+});
+
+test('after a model-not-found 404, a request moves off a worker out of rotation only to one whose engine lists the model', async (t) => {
+  const { health, connections } = quietConnections();
+  // c's engine lists m (once the test lets it); a's and b's lists are never read
+  let listing = false;
+  const engine = await fakeEngine((req, res) => {
+    req.resume();
+    if (!listing) return void res.writeHead(500).end();
+    res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ data: [{ id: 'm' }] }));
+  });
+  t.after(async () => {
+    await connections.close();
+    await engine.close();
+  });
+  connections.add({ id: 'a', url: 'http://127.0.0.1:9' });
+  connections.add({ id: 'b', url: 'http://127.0.0.1:9' });
+  connections.add({ id: 'c', url: engine.url });
+  health.set('c', 'health-check', false, 'HTTP 500');
+  const retried = keptRequest(connections, 'a', 'm', true);
+  const first = keptRequest(connections, 'a', 'm');
+  health.set('a', 'health-check', false, 'HTTP 500');
+  assert.equal(first(), 1, 'a request on its first attempt moves to b, whose list is unknown');
+  assert.equal(retried(), 0, "the retried one does not: b's engine may answer the same 404");
+  health.set('c', 'health-check', true);
+  await connections.readAdapters('c');
+  assert.equal(retried(), 0, "c is in rotation, but its engine's list was not read");
+  listing = true;
+  await connections.readAdapters('c');
+  assert.equal(retried(), 1, "moved once c's engine lists the model");
 });
