@@ -466,11 +466,10 @@ function computeTerms(t: Terms, c: Candidate, r: RouteFeatures, w: Readonly<Cost
  * whose cost is within `slack` of the cheapest's, the cheapest that ran its workflow's previous
  * step (a pipeline's step, `pipelineStep`: a session's turn that names no step follows its KV,
  * and where nothing of it is held anywhere it holds no worker either), else the cheapest serving
- * its CLA group; -1 when none. Nothing of a new session's prompt
- * is held anywhere more than everywhere, so the cost's cache terms cannot stand for them: a
- * workflow's next step on prompts of its own, or a CLA group's requests, spread over the fleet by
- * differences of a fraction of a percent in the other terms, though the seed prefers those
- * workers (docs/architecture.md §1). The slack is the share a new session gives up to spare
+ * its CLA group; -1 when none. Nothing of a new session's prompt is held anywhere more than
+ * everywhere, so the cost's cache terms cannot stand for them: a workflow's next step on prompts
+ * of its own, or a CLA group's requests, spread over the fleet by differences of a fraction of a
+ * percent in the other terms, though the seed prefers those workers (docs/architecture.md §1). The slack is the share a new session gives up to spare
  * other sessions (newSessionSlack), of its whole cost: a step leaves a worker that costs more
  * than that (a queue, KV past the knee).
  */
@@ -639,8 +638,8 @@ export class CostPolicy implements RoutingPolicy {
     this.observeFleet(candidates, request);
     if (this.fleet.newSession) this.boundNewSession(candidates, request);
     const scores = this.scoreAll(candidates, request);
-    // a new session's workflow or CLA group names a worker of its own, which it takes within
-    // its TTFT bound; otherwise the cheapest, with the rotation where costs tie
+    // a new session's workflow step or CLA group names a worker of its own, which it takes within
+    // its bounds (preferredWithinBound); otherwise the cheapest, with the rotation where costs tie
     let index = this.fleet.newSession
       ? preferredWithinBound(
           candidates,
