@@ -8,25 +8,19 @@ import { CLI } from '../helpers/cli-entry.js';
 
 const cli = (args: string[]) => spawnSync(process.execPath, [...CLI, ...args], { encoding: 'utf8', timeout: 60_000 });
 
+/** A run of `simulate` on `trace` with one worker and `policy`, and `args`; it must succeed. */
+function simulate(trace: string, policy: string, args: string[]) {
+  const r = cli(['simulate', '--trace', trace, '--workers', '1', '--policies', policy, ...args]);
+  assert.equal(r.status, 0, r.stderr);
+  return r;
+}
+
 /** Each request's cached tokens in a run of `simulate ARGS` (its --assignments lines). */
 function cachedTokens(trace: string, args: string[]): number[] {
   const dir = mkdtempSync(join(tmpdir(), 'cf-judge-roles-'));
   try {
     const out = join(dir, 'a.jsonl');
-    const r = cli([
-      'simulate',
-      '--trace',
-      trace,
-      '--workers',
-      '1',
-      '--policies',
-      'cost',
-      '--no-progress',
-      '--assignments',
-      out,
-      ...args,
-    ]);
-    assert.equal(r.status, 0, r.stderr);
+    simulate(trace, 'cost', ['--no-progress', '--assignments', out, ...args]);
     return readFileSync(out, 'utf8')
       .trim()
       .split('\n')
@@ -59,19 +53,7 @@ test("a trace's agent_role isolates the requests of the roles --judge-roles name
     assert.deepEqual(cachedTokens(trace, ['--judge-roles', 'critic', '--judge-roles', 'judge']), [0, 0, 512]);
     // and the bounds count it as an isolated line: nothing a policy could not reach
     const bound = (args: string[]) => {
-      const r = cli([
-        'simulate',
-        '--trace',
-        trace,
-        '--workers',
-        '1',
-        '--policies',
-        'seed',
-        '--format',
-        'json',
-        ...args,
-      ]);
-      assert.equal(r.status, 0, r.stderr);
+      const r = simulate(trace, 'seed', ['--format', 'json', ...args]);
       return (JSON.parse(r.stdout) as { bounds: { infiniteCacheHitRate: number } }).bounds.infiniteCacheHitRate;
     };
     assert.equal(bound([]), 0.3413); // 1,024 of 3,000 prompt tokens, as the JSON rounds it

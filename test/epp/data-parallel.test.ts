@@ -1,69 +1,32 @@
 import assert from 'node:assert/strict';
-import { after, before, test } from 'node:test';
-import { KVAwareRouter } from '../../src/core/router/index.js';
-import { MockEngine } from '../../src/engines/mock-engine.js';
-import { startPicker, type RunningPicker } from '../../src/epp/run-picker.js';
-import { createGateway, type Gateway } from '../../src/server/gateway.js';
-import { MemoryStateStore } from '../../src/state/state-store.js';
-import { EnvoyRole, type PickerStream } from './envoy-role.js';
+import { test } from 'node:test';
+import type { PickerStream } from './envoy-role.js';
+import { pickerFleetWithEnvoy } from './harness.js';
 import { until } from '../helpers/wait.js';
 
 // A worker with data-parallel ranks (dpSize 2) is two router workers behind one endpoint: the
 // picker names the rank it chose in X-data-parallel-rank, and Envoy's report that the request
 // was served on that endpoint leaves the decision (and its rank) as it was.
 
-let dpEngine: MockEngine;
-let dp2Engine: MockEngine;
-let soloEngine: MockEngine;
-let gateway: Gateway;
-let picker: RunningPicker;
-let envoy: EnvoyRole;
-let dp: string;
-let dp2: string;
-let solo: string;
-
-before(async () => {
-  const opts = { kvBlocks: 4096, prefillTokS: 200_000, decodeTokS: 4000 };
-  dpEngine = await new MockEngine({ ...opts, dataParallelSize: 2 }).start();
-  dp2Engine = await new MockEngine({ ...opts, dataParallelSize: 2 }).start();
-  soloEngine = await new MockEngine(opts).start();
-  dp = `127.0.0.1:${dpEngine.port}`;
-  dp2 = `127.0.0.1:${dp2Engine.port}`;
-  solo = `127.0.0.1:${soloEngine.port}`;
-  gateway = await createGateway({
-    router: new KVAwareRouter({ blockSize: 16 }),
-    workers: [
-      { id: 'dp', url: `http://${dp}`, dpSize: 2 },
-      { id: 'dp2', url: `http://${dp2}`, dpSize: 2 },
-      { id: 'solo', url: `http://${solo}` },
-    ],
-    state: new MemoryStateStore(),
-    metricsIntervalMs: 0,
-    healthCheckIntervalMs: 0,
-    log: () => {},
-  });
-  picker = await startPicker(
-    gateway,
-    { shedQueueDepth: 5, shedKvUsage: 0.8, eppFallbacks: 2, bodyLimit: 1024 * 1024 },
-    { host: '127.0.0.1', port: 0, log: () => {}, readinessIntervalMs: 50 },
-  );
-  envoy = new EnvoyRole(`127.0.0.1:${String(picker.eppPort)}`);
+const picker = pickerFleetWithEnvoy({
+  workers: [
+    { engine: { dataParallelSize: 2 }, worker: { id: 'dp', dpSize: 2 } },
+    { engine: { dataParallelSize: 2 }, worker: { id: 'dp2', dpSize: 2 } },
+    { worker: { id: 'solo' } },
+  ],
 });
-after(async () => {
-  envoy.close();
-  await picker.close();
-  await gateway.close();
-  await dpEngine.close();
-  await dp2Engine.close();
-  await soloEngine.close();
-});
+/** The gateway behind the picker. */
+const gateway = () => picker.fleet.gateways[0];
 
 let n = 0;
 /** A completion of a prompt no other request shares. */
 const body = () => JSON.stringify({ model: 'mock', prompt: `distinct prompt ${++n} `.repeat(30), max_tokens: 1 });
-const inFlightOf = (id: string) => gateway.router.listWorkers().find((w) => w.id === id)!.inFlightRequests;
+const inFlightOf = (id: string) =>
+  gateway()
+    .router.listWorkers()
+    .find((w) => w.id === id)!.inFlightRequests;
 const fallbacks = async () => {
-  const line = (await gateway.metrics.metrics())
+  const line = (await gateway().metrics.metrics())
     .split('\n')
     .find((l) => l.startsWith('contextforge_epp_served_by_fallback_total '));
   return line === undefined ? 0 : Number(line.split(' ')[1]);
@@ -74,10 +37,11 @@ const finish = async (stream: PickerStream) => {
 };
 
 test('served on the decided endpoint: each rank keeps its decision, named in X-data-parallel-rank', async () => {
+  const [dp] = picker.fleet.endpoints;
   const before = await fallbacks();
   const open: Array<{ rank: string | undefined; worker: string | undefined; stream: PickerStream }> = [];
   for (let i = 0; i < 4; i++) {
-    const out = await envoy.request({ headers: { ':path': '/v1/completions' }, body: body(), subset: [dp] });
+    const out = await picker.envoy.request({ headers: { ':path': '/v1/completions' }, body: body(), subset: [dp] });
     assert.equal(out.kind, 'routed', out.kind === 'immediate' ? out.body : '');
     if (out.kind !== 'routed') return;
     assert.deepEqual(out.endpoints, [dp]);
@@ -98,11 +62,12 @@ test('served on the decided endpoint: each rank keeps its decision, named in X-d
 });
 
 test("a rank's fallbacks are endpoints where that rank exists; a client's rank header never reaches a worker without ranks", async () => {
+  const [dp, dp2, solo] = picker.fleet.endpoints;
   const open: PickerStream[] = [];
   const seen = new Set<string>();
   try {
     for (let i = 0; i < 15 && seen.size < 3; i++) {
-      const out = await envoy.request({
+      const out = await picker.envoy.request({
         headers: { ':path': '/v1/completions', 'x-data-parallel-rank': '1' },
         body: body(),
       });
@@ -133,12 +98,17 @@ test("a rank's fallbacks are endpoints where that rank exists; a client's rank h
 });
 
 test('served on a fallback endpoint: the accounting moves to the same rank there', async () => {
+  const [dp, dp2] = picker.fleet.endpoints;
   const before = await fallbacks();
   const open: Array<{ worker: string; stream: PickerStream }> = [];
   const ranks = new Set<string>();
   try {
     for (let i = 0; i < 8 && ranks.size < 2; i++) {
-      const out = await envoy.request({ headers: { ':path': '/v1/completions' }, body: body(), subset: [dp, dp2] });
+      const out = await picker.envoy.request({
+        headers: { ':path': '/v1/completions' },
+        body: body(),
+        subset: [dp, dp2],
+      });
       assert.equal(out.kind, 'routed', out.kind === 'immediate' ? out.body : '');
       if (out.kind !== 'routed') return;
       const rank = String(out.setHeaders.get('x-data-parallel-rank'));

@@ -1,11 +1,7 @@
 import assert from 'node:assert/strict';
-import { after, before, test } from 'node:test';
-import { KVAwareRouter } from '../../src/core/router/index.js';
-import { MockEngine } from '../../src/engines/mock-engine.js';
-import { startPicker, type RunningPicker } from '../../src/epp/run-picker.js';
-import { createGateway, type Gateway } from '../../src/server/gateway.js';
-import { MemoryStateStore } from '../../src/state/state-store.js';
-import { EnvoyRole, type PickerStream } from './envoy-role.js';
+import { test } from 'node:test';
+import type { PickerStream } from './envoy-role.js';
+import { pickerFleetWithEnvoy } from './harness.js';
 import { until } from '../helpers/wait.js';
 
 // Two nodes of one data-parallel engine under vLLM's hybrid load balancing: node a serves the
@@ -13,49 +9,22 @@ import { until } from '../helpers/wait.js';
 // a rank to its node's API server by its index there (X-data-parallel-rank 0 or 1), and the
 // router worker serving it is the global rank's (b#2, b#3).
 
-let nodeA: MockEngine;
-let nodeB: MockEngine;
-let gateway: Gateway;
-let picker: RunningPicker;
-let envoy: EnvoyRole;
-let a: string;
-let b: string;
-
-before(async () => {
-  const opts = { kvBlocks: 4096, prefillTokS: 200_000, decodeTokS: 4000, dataParallelSize: 2 };
-  nodeA = await new MockEngine(opts).start();
-  nodeB = await new MockEngine({ ...opts, dataParallelStartRank: 2 }).start();
-  a = `127.0.0.1:${nodeA.port}`;
-  b = `127.0.0.1:${nodeB.port}`;
-  gateway = await createGateway({
-    router: new KVAwareRouter({ blockSize: 16 }),
-    workers: [
-      { id: 'a', url: `http://${a}`, dpSize: 2 },
-      { id: 'b', url: `http://${b}`, dpSize: 2, dpStartRank: 2 },
-    ],
-    state: new MemoryStateStore(),
-    metricsIntervalMs: 0,
-    healthCheckIntervalMs: 0,
-    log: () => {},
-  });
-  picker = await startPicker(
-    gateway,
-    { shedQueueDepth: 5, shedKvUsage: 0.8, eppFallbacks: 2, bodyLimit: 1024 * 1024 },
-    { host: '127.0.0.1', port: 0, log: () => {}, readinessIntervalMs: 50 },
-  );
-  envoy = new EnvoyRole(`127.0.0.1:${String(picker.eppPort)}`);
+const picker = pickerFleetWithEnvoy({
+  engineOptions: { dataParallelSize: 2 },
+  workers: [
+    { worker: { id: 'a', dpSize: 2 } },
+    { engine: { dataParallelStartRank: 2 }, worker: { id: 'b', dpSize: 2, dpStartRank: 2 } },
+  ],
 });
-after(async () => {
-  envoy.close();
-  await picker.close();
-  await gateway.close();
-  await nodeA.close();
-  await nodeB.close();
-});
+/** The gateway behind the picker. */
+const gateway = () => picker.fleet.gateways[0];
 
 let n = 0;
 const body = () => JSON.stringify({ model: 'mock', prompt: `start rank prompt ${++n} `.repeat(30), max_tokens: 1 });
-const inFlightOf = (id: string) => gateway.router.listWorkers().find((w) => w.id === id)!.inFlightRequests;
+const inFlightOf = (id: string) =>
+  gateway()
+    .router.listWorkers()
+    .find((w) => w.id === id)!.inFlightRequests;
 const finish = async (stream: PickerStream) => {
   await stream.respondBody(['{"choices":[]}']);
   await stream.end();
@@ -63,10 +32,11 @@ const finish = async (stream: PickerStream) => {
 const ALL = ['a#0', 'a#1', 'b#2', 'b#3'];
 
 test("a node's ranks are named by their index on it; a fallback takes the same index on the other node", async () => {
+  const [a, b] = picker.fleet.endpoints;
   const open: Array<{ worker: string; stream: PickerStream }> = [];
   try {
     for (let i = 0; i < 8; i++) {
-      const out = await envoy.request({ headers: { ':path': '/v1/completions' }, body: body(), subset: [a, b] });
+      const out = await picker.envoy.request({ headers: { ':path': '/v1/completions' }, body: body(), subset: [a, b] });
       assert.equal(out.kind, 'routed', out.kind === 'immediate' ? out.body : '');
       if (out.kind !== 'routed') return;
       const header = out.setHeaders.get('x-data-parallel-rank');

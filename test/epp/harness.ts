@@ -12,7 +12,7 @@ import { KVAwareRouter } from '../../src/core/router/index.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { createProcessHandler, type PickInput } from '../../src/epp/ext-proc-handler.js';
 import { startPicker, type PickerConfig, type RunningPicker } from '../../src/epp/run-picker.js';
-import { createGateway, type Gateway, type GatewayOptions } from '../../src/server/gateway.js';
+import { createGateway, type Gateway, type GatewayOptions, type GatewayWorker } from '../../src/server/gateway.js';
 import { MemoryStateStore, type StateStore } from '../../src/state/state-store.js';
 import { extProcService, type ProcessingRequest, type ProcessingResponse } from '../../src/epp/proto.js';
 import { EnvoyRole } from './envoy-role.js';
@@ -58,6 +58,11 @@ export async function startPickerWithClients(
 export async function startPickerFleet(
   o: {
     engines?: number;
+    /**
+     * In place of `engines` workers engine-0…: one engine each, with `engineOptions` and its own
+     * `engine` options, served as the worker `worker` describes (its url the engine's).
+     */
+    workers?: Array<{ engine?: ConstructorParameters<typeof MockEngine>[0]; worker: Omit<GatewayWorker, 'url'> }>;
     replicas?: number;
     state?: () => StateStore;
     picker?: Partial<PickerConfig>;
@@ -65,13 +70,21 @@ export async function startPickerFleet(
     engineOptions?: ConstructorParameters<typeof MockEngine>[0];
   } = {},
 ): Promise<PickerFleet> {
+  const specs =
+    o.workers ?? Array.from({ length: o.engines ?? 3 }, (_, i) => ({ engine: {}, worker: { id: `engine-${i}` } }));
   const engines: MockEngine[] = [];
-  for (let i = 0; i < (o.engines ?? 3); i++)
+  for (const s of specs)
     engines.push(
-      await new MockEngine({ kvBlocks: 4096, prefillTokS: 200_000, decodeTokS: 4000, ...o.engineOptions }).start(),
+      await new MockEngine({
+        kvBlocks: 4096,
+        prefillTokS: 200_000,
+        decodeTokS: 4000,
+        ...o.engineOptions,
+        ...s.engine,
+      }).start(),
     );
   const endpoints = engines.map((e) => `127.0.0.1:${e.port}`);
-  const workerAt = new Map(endpoints.map((e, i) => [e, `engine-${i}`]));
+  const workerAt = new Map(endpoints.map((e, i) => [e, specs[i].worker.id]));
   const gateways: Gateway[] = [];
   const pickers: RunningPicker[] = [];
   const addresses: string[] = [];
@@ -79,7 +92,7 @@ export async function startPickerFleet(
   for (let r = 0; r < (o.replicas ?? 1); r++) {
     const gateway = await createGateway({
       router: new KVAwareRouter({ blockSize: 16 }),
-      workers: engines.map((e, i) => ({ id: `engine-${i}`, url: `http://127.0.0.1:${e.port}` })),
+      workers: specs.map((s, i) => ({ ...s.worker, url: `http://${endpoints[i]}` })),
       state: (o.state ?? (() => new MemoryStateStore()))(),
       metricsIntervalMs: 0,
       healthCheckIntervalMs: 0,

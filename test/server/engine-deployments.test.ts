@@ -82,6 +82,28 @@ const blockStored = (fields: {
 
 const words = (n: number, seed: number) => Array.from({ length: n }, (_, i) => `w${(i * 13 + seed) % 991}`).join(' ');
 
+/**
+ * Sends `prompt` straight to the engine at `port`, to its core of index `index` there
+ * (X-data-parallel-rank), waits until the gateway at `base` has that core's events, and checks
+ * that /v1/route answers worker 'w' at global rank `rank`.
+ */
+async function routedAfterRankComputes(port: number, base: string, prompt: string, index: number, rank: number) {
+  const direct = await post(
+    `http://127.0.0.1:${port}`,
+    '/v1/completions',
+    { prompt, max_tokens: 1 },
+    { 'x-data-parallel-rank': String(index) },
+  );
+  assert.equal(direct.status, 200);
+  await until(
+    async () => ((await (await post(base, '/v1/route', { prompt })).json()) as Json).cachedTokens > 0,
+    `rank ${rank}'s events`,
+  );
+  const r = (await (await post(base, '/v1/route', { prompt })).json()) as Json;
+  assert.equal(r.worker, 'w');
+  assert.equal(r.rank, rank);
+}
+
 describe('gateway: engine deployment shapes', () => {
   test('dp-size: one index per rank; requests carry X-data-parallel-rank; /v1/route answers the rank', async () => {
     const { e, events, replay } = await engineOnPorts({ dataParallelSize: 2, blockSize: 4 });
@@ -94,20 +116,7 @@ describe('gateway: engine deployment shapes', () => {
     });
     const prompt = words(60, 1);
     // the engine puts it on rank 1 (the header given by the client is the engine's business)
-    const direct = await post(
-      `http://127.0.0.1:${e.port}`,
-      '/v1/completions',
-      { prompt, max_tokens: 1 },
-      { 'x-data-parallel-rank': '1' },
-    );
-    assert.equal(direct.status, 200);
-    await until(
-      async () => ((await (await post(base, '/v1/route', { prompt })).json()) as Json).cachedTokens > 0,
-      "rank 1's events",
-    );
-    const r = (await (await post(base, '/v1/route', { prompt })).json()) as Json;
-    assert.equal(r.worker, 'w');
-    assert.equal(r.rank, 1);
+    await routedAfterRankComputes(e.port, base, prompt, 1, 1);
     // proxied: the router sends it to rank 1 with the header, where the engine finds its cache
     const res = await post(base, '/v1/completions', { prompt, max_tokens: 1 });
     const body = (await res.json()) as Json;
@@ -140,20 +149,7 @@ describe('gateway: engine deployment shapes', () => {
     );
     const prompt = words(60, 3);
     // the engine's second core (rank 5) computes it
-    const direct = await post(
-      `http://127.0.0.1:${e.port}`,
-      '/v1/completions',
-      { prompt, max_tokens: 1 },
-      { 'x-data-parallel-rank': '1' },
-    );
-    assert.equal(direct.status, 200);
-    await until(
-      async () => ((await (await post(base, '/v1/route', { prompt })).json()) as Json).cachedTokens > 0,
-      "rank 5's events",
-    );
-    const r = (await (await post(base, '/v1/route', { prompt })).json()) as Json;
-    assert.equal(r.worker, 'w');
-    assert.equal(r.rank, 5);
+    await routedAfterRankComputes(e.port, base, prompt, 1, 5);
     const listed = (await (
       await fetch(`${base}/admin/workers`, { headers: { authorization: `Bearer ${adminToken}` } })
     ).json()) as Json;

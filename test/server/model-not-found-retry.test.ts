@@ -7,7 +7,7 @@
  * serve, still gets the engine's 404 after one attempt.
  */
 import assert from 'node:assert/strict';
-import { test } from 'node:test';
+import { test, type TestContext } from 'node:test';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
@@ -37,22 +37,28 @@ async function gateway(
   return { gw, url };
 }
 
+/** Engines a and b, each serving m and the adapter l1, behind a gateway(); all closed after test `t`. */
+async function twoServingL1(t: TestContext): Promise<{ a: MockEngine; gw: Gateway; url: string }> {
+  const a = await new MockEngine({ model: 'm', loraModules: ['l1'] }).start();
+  const b = await new MockEngine({ model: 'm', loraModules: ['l1'] }).start();
+  const { gw, url } = await gateway([
+    { id: 'a', url: `http://127.0.0.1:${a.port}` },
+    { id: 'b', url: `http://127.0.0.1:${b.port}` },
+  ]);
+  t.after(async () => {
+    await gw.close();
+    await a.close();
+    await b.close();
+  });
+  return { a, gw, url };
+}
+
 const available = async (url: string) =>
   ((await (await fetch(`${url}/readyz`)).json()) as { availableWorkers: number }).availableWorkers;
 
 for (const stream of [false, true]) {
   test(`an adapter unloaded from one engine is served by another that lists it (stream: ${stream})`, async (t) => {
-    const a = await new MockEngine({ model: 'm', loraModules: ['l1'] }).start();
-    const b = await new MockEngine({ model: 'm', loraModules: ['l1'] }).start();
-    const { gw, url } = await gateway([
-      { id: 'a', url: `http://127.0.0.1:${a.port}` },
-      { id: 'b', url: `http://127.0.0.1:${b.port}` },
-    ]);
-    t.after(async () => {
-      await gw.close();
-      await a.close();
-      await b.close();
-    });
+    const { a, gw, url } = await twoServingL1(t);
     await until(
       () => ['a', 'b'].every((id) => gw.connections.get(id)?.listed?.has('l1') === true),
       'both lists read, listing l1',
@@ -95,17 +101,7 @@ for (const stream of [false, true]) {
 }
 
 test('a name no engine serves gets the engine 404 after one attempt', async (t) => {
-  const a = await new MockEngine({ model: 'm', loraModules: ['l1'] }).start();
-  const b = await new MockEngine({ model: 'm', loraModules: ['l1'] }).start();
-  const { gw, url } = await gateway([
-    { id: 'a', url: `http://127.0.0.1:${a.port}` },
-    { id: 'b', url: `http://127.0.0.1:${b.port}` },
-  ]);
-  t.after(async () => {
-    await gw.close();
-    await a.close();
-    await b.close();
-  });
+  const { gw, url } = await twoServingL1(t);
   await until(() => ['a', 'b'].every((id) => gw.connections.get(id)?.listed !== undefined), 'both lists read');
   for (const stream of [false, true]) {
     const r = await complete(url, 'nope', stream);
