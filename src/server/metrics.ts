@@ -556,6 +556,20 @@ export function registerKvEventMetrics(
     },
   });
   new Counter({
+    name: 'contextforge_kv_event_gaps_total',
+    help: "Gaps in a worker's KV-event sequence (events lost on the way), per worker and outcome: replayed from the engine, or lost (its entries dropped and rebuilt from new events).",
+    labelNames: ['worker', 'outcome'] as const,
+    aggregator: 'max',
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const [worker, stats] of subscribers()) {
+        this.inc({ worker, outcome: 'replayed' }, stats.gaps - stats.gapsLost);
+        this.inc({ worker, outcome: 'lost' }, stats.gapsLost);
+      }
+    },
+  });
+  new Counter({
     name: 'contextforge_kv_event_late_joins_total',
     help: 'Replays accepted from the oldest batch an engine still buffered (the router joined late or lost a stretch).',
     labelNames: ['worker'] as const,

@@ -233,6 +233,7 @@ describe('KV events over ZeroMQ', () => {
     await pub.publish(batch(stored([4n], 3n, 12))); // arrives: seq jumps by 3
     await until(() => sub.stats.replays === replaysBefore + 1, 'the replay');
     assert.equal(sub.stats.gaps, 1);
+    assert.equal(sub.stats.gapsLost, 0, 'the replay filled it');
     assert.equal(sub.stats.replayFailures, 0);
     assert.equal(router.route({ tokens: tokens(0, 16) }, { dryRun: true }).cachedTokens, 16);
   });
@@ -246,6 +247,7 @@ describe('KV events over ZeroMQ', () => {
     await pub.publish(batch(stored([3n], 2n, 8))); // lost
     await pub.publish(batch(stored([7n], null, 100)));
     await until(() => sub.stats.gaps === 1 && sub.stats.batches > seen + 1, 'the gap');
+    assert.equal(sub.stats.gapsLost, 1, 'no replay filled it');
     assert.deepEqual(applier.trackedHashes('w0'), ownHex(100, 1), 'only what came after the gap');
     assert.equal(router.route({ tokens: tokens(0, 8) }, { dryRun: true }).cachedTokens, 0);
   });

@@ -227,6 +227,8 @@ describe('serve --processes: one /metrics page for every process', () => {
       batches: 40,
       duplicates: 2,
       lateJoins: 1,
+      gaps: 3,
+      gapsLost: 1,
       malformed: 0,
       unknownRanks: 0,
       applied: { skipped: { bad_hash: 3 } },
@@ -238,6 +240,8 @@ describe('serve --processes: one /metrics page for every process', () => {
     assert.equal(page.get('contextforge_kv_event_batches_total{worker="w1"}'), 40);
     assert.equal(page.get('contextforge_kv_event_duplicates_total{worker="w1"}'), 2);
     assert.equal(page.get('contextforge_kv_event_late_joins_total{worker="w1"}'), 1);
+    assert.equal(page.get('contextforge_kv_event_gaps_total{worker="w1",outcome="replayed"}'), 2);
+    assert.equal(page.get('contextforge_kv_event_gaps_total{worker="w1",outcome="lost"}'), 1);
     assert.equal(page.get('contextforge_kv_events_skipped_total{worker="w1",reason="bad_hash"}'), 3);
   });
 

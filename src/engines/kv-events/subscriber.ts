@@ -82,7 +82,10 @@ export interface KvEventSubscriberOptions {
 export interface SubscriberStats {
   batches: number;
   events: number;
+  /** Sequence numbers skipped by a live batch (events lost on the way), replayed when the engine can. */
   gaps: number;
+  /** Of those, the gaps no replay filled: the worker's entries dropped, rebuilt from new events. */
+  gapsLost: number;
   replays: number;
   replayFailures: number;
   restarts: number;
@@ -225,6 +228,7 @@ export class KvEventSubscriber {
     batches: 0,
     events: 0,
     gaps: 0,
+    gapsLost: 0,
     replays: 0,
     replayFailures: 0,
     restarts: 0,
@@ -554,6 +558,7 @@ export class KvEventSubscriber {
       const recovered = this.options.replayEndpoint ? await this.replayFrom(expected, seq) : false;
       if (!this.running) return;
       if (!recovered && this.lastSeq !== null) {
+        this.stats.gapsLost++;
         this.logOnceAWindow('lost', 1, (unlogged) =>
           moreSince(
             `lost events ${expected}..${seq - 1n} and could not replay them: entries dropped, rebuilt from new events`,
