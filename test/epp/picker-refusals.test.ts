@@ -41,44 +41,15 @@ for (const [path, body, field] of [
   });
 }
 
-for (const name of ['x-gateway-model-name-rewrite', 'x-workflow-id', 'x-agent-role', 'x-anchor-ids'])
-  test(`an ${name} header that is not UTF-8 is refused 400 naming it`, async () => {
-    const call = client.Process();
-    const answers: ProcessingResponse[] = [];
-    call.on('data', (m: ProcessingResponse) => answers.push(m));
-    const ended = new Promise<void>((resolve, reject) => {
-      call.on('error', reject);
-      call.on('status', (s: { code: number }) =>
-        s.code === GrpcStatus.OK ? resolve() : reject(new Error(String(s.code))),
-      );
-    });
-    const header = (key: string, v: string | Buffer) => ({ key, raw_value: Buffer.from(v) });
-    call.write({
-      request_headers: {
-        headers: {
-          headers: [
-            header(':method', 'POST'),
-            header(':path', '/v1/completions'),
-            header(name, Buffer.from([0x6d, 0x6f, 0xff, 0x6b])),
-          ],
-        },
-        end_of_stream: false,
-      },
-      protocol_config: { request_body_mode: 'FULL_DUPLEX_STREAMED' },
-    });
-    call.write({ request_body: { body: Buffer.from('{"model":"mock","prompt":"hi"}'), end_of_stream: true } });
-    call.end();
-    await ended;
-    const reply = answers[0]?.immediate_response;
-    assert.equal(statusNumber(reply?.status.code ?? 0), 400);
-    const { error } = JSON.parse(Buffer.from(reply?.body ?? []).toString()) as {
-      error: { message: string; param: string | null };
-    };
-    assert.equal(error.param, name);
-    assert.match(error.message, /not UTF-8/);
-  });
-
-test('a metadata header that is not UTF-8 is refused on a request without a body too', async () => {
+/**
+ * The picker's immediate answer to one stream whose request headers carry raw bytes (`headers`:
+ * name → value), with a body when one is given (else the headers end the stream): its status
+ * and error object.
+ */
+async function refusalOf(
+  headers: Array<[string, string | Buffer]>,
+  body?: string,
+): Promise<{ status: number; error: { message: string; param: string | null } }> {
   const call = client.Process();
   const answers: ProcessingResponse[] = [];
   call.on('data', (m: ProcessingResponse) => answers.push(m));
@@ -88,23 +59,44 @@ test('a metadata header that is not UTF-8 is refused on a request without a body
       s.code === GrpcStatus.OK ? resolve() : reject(new Error(String(s.code))),
     );
   });
-  const header = (key: string, v: string | Buffer) => ({ key, raw_value: Buffer.from(v) });
   call.write({
     request_headers: {
-      headers: {
-        headers: [
-          header(':method', 'GET'),
-          header(':path', '/v1/models'),
-          header('x-workflow-id', Buffer.from([0x77, 0xff, 0x66])),
-        ],
-      },
-      end_of_stream: true,
+      headers: { headers: headers.map(([key, v]) => ({ key, raw_value: Buffer.from(v) })) },
+      end_of_stream: body === undefined,
     },
+    ...(body === undefined ? {} : { protocol_config: { request_body_mode: 'FULL_DUPLEX_STREAMED' } }),
   });
+  if (body !== undefined) call.write({ request_body: { body: Buffer.from(body), end_of_stream: true } });
   call.end();
   await ended;
   const reply = answers[0]?.immediate_response;
-  assert.equal(statusNumber(reply?.status.code ?? 0), 400);
-  const { error } = JSON.parse(Buffer.from(reply?.body ?? []).toString()) as { error: { param: string | null } };
+  const { error } = JSON.parse(Buffer.from(reply?.body ?? []).toString()) as {
+    error: { message: string; param: string | null };
+  };
+  return { status: statusNumber(reply?.status.code ?? 0), error };
+}
+
+for (const name of ['x-gateway-model-name-rewrite', 'x-workflow-id', 'x-agent-role', 'x-anchor-ids'])
+  test(`an ${name} header that is not UTF-8 is refused 400 naming it`, async () => {
+    const { status, error } = await refusalOf(
+      [
+        [':method', 'POST'],
+        [':path', '/v1/completions'],
+        [name, Buffer.from([0x6d, 0x6f, 0xff, 0x6b])],
+      ],
+      '{"model":"mock","prompt":"hi"}',
+    );
+    assert.equal(status, 400);
+    assert.equal(error.param, name);
+    assert.match(error.message, /not UTF-8/);
+  });
+
+test('a metadata header that is not UTF-8 is refused on a request without a body too', async () => {
+  const { status, error } = await refusalOf([
+    [':method', 'GET'],
+    [':path', '/v1/models'],
+    ['x-workflow-id', Buffer.from([0x77, 0xff, 0x66])],
+  ]);
+  assert.equal(status, 400);
   assert.equal(error.param, 'x-workflow-id');
 });
