@@ -22,6 +22,8 @@ const MIN_KEY_LENGTH = 16;
 export class ApiKeys {
   /** SHA-256 of the key → tenant: lookups never compare the secret itself. */
   private readonly byDigest = new Map<string, string>();
+  /** The tenants the keys name. */
+  private readonly tenants = new Set<string>();
 
   /** `keys`: API key → tenant name. */
   constructor(keys: Readonly<Record<string, string>> | ReadonlyMap<string, string>) {
@@ -34,7 +36,13 @@ export class ApiKeys {
       if (typeof tenant !== 'string' || !TENANT_NAME.test(tenant))
         throw new RangeError(`tenant '${String(tenant).slice(0, 80)}' must match ${TENANT_NAME.source}`);
       this.byDigest.set(digest(key), tenant);
+      this.tenants.add(tenant);
     }
+  }
+
+  /** Whether a key of the file names `tenant`. */
+  hasTenant(tenant: string): boolean {
+    return this.tenants.has(tenant);
   }
 
   get size(): number {

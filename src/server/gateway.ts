@@ -151,6 +151,9 @@ export const MAX_HEADER_LINES = 1000;
 /** Idle keep-alive connections are kept this long (Fastify's default). */
 const KEEP_ALIVE_TIMEOUT_MS = 72_000;
 
+/** The header naming the tenant of an operator's /v1/route dry run (API keys, admin token). */
+export const ROUTE_TENANT_HEADER = 'x-contextforge-tenant';
+
 /** A worker as the gateway takes it (flags, config, admin API) and the replicas share it. */
 export type GatewayWorker = WorkerRecord;
 
@@ -1150,10 +1153,30 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       });
   }
 
-  // the dry run shows what is cached where: operators only, unless made public
+  /**
+   * The operator's dry run of a tenant's request (admin token, API keys): no tenant key is sent,
+   * so `x-contextforge-tenant` names the tenant whose cache salt and ids the request is routed
+   * under; without it the prompt is routed as no client's (no client request is, under API keys).
+   */
+  const adminRouteTenant = async (req: FastifyRequest, reply: FastifyReply) => {
+    const header = req.headers[ROUTE_TENANT_HEADER];
+    if (header === undefined) return;
+    if (!options.apiKeys)
+      return openAiError(reply, 400, `${ROUTE_TENANT_HEADER}: no tenants without --api-keys-file`, ROUTE_TENANT_HEADER);
+    if (typeof header !== 'string' || !options.apiKeys.hasTenant(header))
+      return openAiError(
+        reply,
+        400,
+        `${ROUTE_TENANT_HEADER} must name one tenant of the API keys file`,
+        ROUTE_TENANT_HEADER,
+      );
+    req.tenant = header;
+  };
+  // the dry run shows what is cached where: operators only, unless made public (its clients'
+  // tenant is then their key's, and the tenant header is not read)
   app.post(
     '/v1/route',
-    { onRequest: options.publicRouteApi ? requireApiKey : requireAdmin(adminToken) },
+    { onRequest: options.publicRouteApi ? requireApiKey : [requireAdmin(adminToken), adminRouteTenant] },
     async (req, reply) => {
       const path =
         (req.body as { messages?: unknown } | null)?.messages !== undefined

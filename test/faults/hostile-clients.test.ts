@@ -339,6 +339,79 @@ describe('tenants', () => {
     await engine.close();
   });
 
+  test("an operator's dry run names the tenant it routes for; clients cannot name one", async () => {
+    const { engine, gw } = await tenantGateway();
+    const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
+    try {
+      const a = { authorization: 'Bearer sk-tenant-a-0123456789' };
+      const admin = { authorization: `Bearer ${ADMIN}` };
+      const prompt = 'team a keeps a long shared preamble here. '.repeat(30);
+      assert.equal((await post(url, '/v1/completions', { prompt, max_tokens: 1 }, a)).status, 200);
+      const route = (headers: Record<string, string>) => post(url, '/v1/route', { prompt }, headers);
+      const as = async (headers: Record<string, string>) => {
+        const r = await route(headers);
+        assert.equal(r.status, 200, r.text);
+        return (JSON.parse(r.text) as { cachedTokens: number }).cachedTokens;
+      };
+      assert.ok((await as({ ...admin, 'x-contextforge-tenant': 'team-a' })) > 0, "team-a's prompt, as team-a's");
+      assert.equal(await as({ ...admin, 'x-contextforge-tenant': 'team-b' }), 0, "the same prompt, as team-b's");
+      assert.equal(await as(admin), 0, 'no tenant named: the prompt as no client sends it');
+      for (const tenant of ['team-c', 'team-a/x', '']) {
+        const r = await route({ ...admin, 'x-contextforge-tenant': tenant });
+        assert.equal(r.status, 400, `${JSON.stringify(tenant)}: ${r.text}`);
+        assert.equal((JSON.parse(r.text) as { error: { param: string } }).error.param, 'x-contextforge-tenant');
+      }
+      // the header is the operator's: a tenant's own key does not reach the admin-only dry run
+      assert.equal((await route({ ...a, 'x-contextforge-tenant': 'team-a' })).status, 401);
+    } finally {
+      await gw.close();
+      await engine.close();
+    }
+  });
+
+  test('the tenant header is refused without API keys, and not read on a public dry run', async () => {
+    const engine = await new MockEngine().start();
+    const plain = await createGateway({
+      router: new KVAwareRouter({ blockSize: 16 }),
+      workers: [{ id: 'm0', url: `http://127.0.0.1:${engine.port}` }],
+      adminToken: ADMIN,
+      metricsIntervalMs: 0,
+      healthCheckIntervalMs: 0,
+    });
+    const { engine: engine2, gw } = await tenantGateway({ publicRouteApi: true });
+    try {
+      const plainUrl = await plain.app.listen({ host: '127.0.0.1', port: 0 });
+      const r = await post(
+        plainUrl,
+        '/v1/route',
+        { prompt: 'x' },
+        {
+          authorization: `Bearer ${ADMIN}`,
+          'x-contextforge-tenant': 'team-a',
+        },
+      );
+      assert.equal(r.status, 400, r.text);
+      assert.equal((JSON.parse(r.text) as { error: { param: string } }).error.param, 'x-contextforge-tenant');
+      const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
+      const prompt = 'team a keeps a long shared preamble here. '.repeat(30);
+      const a = { authorization: 'Bearer sk-tenant-a-0123456789' };
+      const b = { authorization: 'Bearer sk-tenant-b-0123456789' };
+      assert.equal((await post(url, '/v1/completions', { prompt, max_tokens: 1 }, a)).status, 200);
+      const spoof = await post(url, '/v1/route', { prompt }, { ...b, 'x-contextforge-tenant': 'team-a' });
+      assert.equal(spoof.status, 200, spoof.text);
+      assert.equal(
+        (JSON.parse(spoof.text) as { cachedTokens: number }).cachedTokens,
+        0,
+        "team-b's key routes as team-b",
+      );
+    } finally {
+      await gw.close();
+      await plain.close();
+      await engine.close();
+      await engine2.close();
+    }
+  });
+
   test("one tenant's content anchors and workflow ids are not another's", async () => {
     const { engine, gw } = await tenantGateway();
     const url = await gw.app.listen({ host: '127.0.0.1', port: 0 });
