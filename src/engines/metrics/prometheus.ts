@@ -176,7 +176,8 @@ export const MAX_LOAD_SERIES = 8192;
 
 /**
  * Parses exposition text into name → samples (comments and malformed lines skipped: a line
- * whose labels cannot be read as name="value" pairs is malformed). With `engine` (a
+ * whose labels cannot be read as name="value" pairs (`readLabels`) or whose value is no number
+ * (`sampleValue`) is malformed), up to its `# EOF` line if it has one (`exposition`). With `engine` (a
  * data-parallel rank), series labelled with another rank (`RANK_LABELS`: vLLM's `engine`,
  * SGLang's `dp_rank`) are left out; a series with neither label is kept. With `names`, only
  * those names are read: the other lines (most of a page: histograms) are passed over before
@@ -194,50 +195,64 @@ export function parsePrometheusText(
   names?: ReadonlySet<string>,
   maxSeries = Infinity,
 ): Map<string, Sample[]> {
+  return parseExposition(exposition(text), engine, names, maxSeries);
+}
+
+function parseExposition(
+  text: string,
+  engine: string | undefined,
+  names: ReadonlySet<string> | undefined,
+  maxSeries: number,
+): Map<string, Sample[]> {
   const series = new Map<string, Sample[]>();
+  // the lengths of the names read: most lines of a page (and every line of a page of short
+  // lines) are passed over by their name's length, before the name is taken out of the text
+  const lengths = names === undefined ? undefined : new Set([...names].map((n) => n.length));
   let seen = 0;
   let lineNo = 0;
-  for (let start = 0; start < text.length;) {
-    let end = text.indexOf('\n', start);
+  let end: number;
+  for (let start = 0; start < text.length; start = end + 1) {
+    end = text.indexOf('\n', start);
     if (end < 0) end = text.length;
-    const line = text.slice(start, end).trim();
-    start = end + 1;
     lineNo++;
-    if (line === '' || line.startsWith('#')) continue;
+    // the line without the white space around it
+    let from = start;
+    let to = end;
+    while (from < to && isWhiteSpace(text.charCodeAt(from))) from++;
+    while (to > from && isWhiteSpace(text.charCodeAt(to - 1))) to--;
+    if (from === to || text.charCodeAt(from) === HASH) continue;
     // name{labels} value [timestamp]; label values may contain spaces inside quotes
-    NAME.lastIndex = 0;
-    const name = NAME.exec(line)?.[0] ?? '';
-    let rest = line.slice(name.length);
-    let close = -1;
-    if (rest.startsWith('{')) {
-      close = findLabelsEnd(rest);
-      if (close === OPEN_QUOTE) {
-        throw new MetricsFormatError(
-          `line ${lineNo}: a label value runs past the end of its line (a raw newline; the text format writes \\n)`,
-        );
-      }
+    let nameEnd = from;
+    while (nameEnd < to && isMetricNameChar(text.charCodeAt(nameEnd))) nameEnd++;
+    const open = nameEnd < to && text.charCodeAt(nameEnd) === BRACE_OPEN ? nameEnd : -1;
+    const close = open < 0 ? -1 : findLabelsEnd(text, open, to);
+    if (close === OPEN_QUOTE) {
+      throw new MetricsFormatError(
+        `line ${lineNo}: a label value runs past the end of its line (a raw newline; the text format writes \\n)`,
+      );
     }
-    if (!name || (names !== undefined && !names.has(name))) continue;
+    if (nameEnd === from || (lengths !== undefined && !lengths.has(nameEnd - from))) continue;
+    const name = text.slice(from, nameEnd);
+    if (names !== undefined && !names.has(name)) continue;
     if (++seen > maxSeries) {
       throw new MetricsFormatError(
         `more than ${maxSeries} series of the load metrics (${name} among them): more than any engine writes`,
       );
     }
     let labels = NO_LABELS;
-    if (rest.startsWith('{')) {
-      // a label set no engine writes (theirs are a few names of tens of characters) is malformed:
-      // skipped before the pattern reads it, which on millions of characters overflows the stack
-      if (close < 0 || close > MAX_LABELS_CHARS) continue;
-      const read = readLabels(rest.slice(1, close));
+    let valueFrom = nameEnd;
+    if (open >= 0) {
+      // a label set no engine writes (theirs are a few names of tens of characters) is malformed
+      if (close < 0 || close - open > MAX_LABELS_CHARS) continue;
+      const read = readLabels(text, open + 1, close);
       if (read === undefined) continue;
       labels = read;
       if (engine !== undefined && ofOtherRank(labels, engine)) continue;
-      rest = rest.slice(close + 1);
+      valueFrom = close + 1;
     }
     // Prometheus's NaN and ±Inf are values (and "1e400" is infinite): kept, for the reader to
-    // judge; a line whose value is no number at all (Number() would read an empty one as 0) is
-    // malformed: skipped
-    const value = sampleValue(rest.trim().split(/\s+/)[0]);
+    // judge; a line whose value is no number as Prometheus reads one is malformed: skipped
+    const value = sampleValue(firstWord(text, valueFrom, to));
     if (value === undefined) continue;
     const sample = { value, labels };
     const list = series.get(name);
@@ -247,57 +262,279 @@ export function parsePrometheusText(
   return series;
 }
 
-/** A metric name at the start of a line (the characters read as one before: digits too). */
-const NAME = /[a-zA-Z0-9_:]*/y;
+const HASH = 0x23;
+const BRACE_OPEN = 0x7b;
+const BRACE_CLOSE = 0x7d;
+
+/** The characters String.prototype.trim takes off a line's ends (checked by code, ASCII first). */
+function isWhiteSpace(c: number): boolean {
+  if (c < 0x80) return c === 0x20 || (c >= 0x09 && c <= 0x0d);
+  return /\s/.test(String.fromCharCode(c));
+}
+
+/** A character of a metric name as read (the characters read as one before: digits too). */
+function isMetricNameChar(c: number): boolean {
+  return isLabelNameChar(c, true) || c === 0x3a;
+}
+
+const EOF_LINE = '# EOF';
+
+/**
+ * The page up to its `# EOF` line, if it has one; all of it otherwise. OpenMetrics ends its
+ * exposition with that line, and Prometheus's OpenMetrics parser refuses anything after it
+ * ("unexpected data after # EOF": model/textparse/openmetricsparse.go Next, the lexer's
+ * `<sComment>"EOF"\n?` in openmetricslex.l, prometheus/prometheus at d15adb9a). Its text-format
+ * parser, picked for a text/plain page (model/textparse/interface.go New), reads the line as a
+ * comment and goes on (promlex.l). The scraper asks for no format, and prometheus_client, with
+ * which vLLM and SGLang serve /metrics, then writes the text format, which has no such line; a
+ * page that has one is an OpenMetrics page whatever its Content-Type says, and what follows the
+ * line is no part of it.
+ */
+function exposition(text: string): string {
+  for (let at = text.indexOf(EOF_LINE); at >= 0; at = text.indexOf(EOF_LINE, at + 1)) {
+    const after = at + EOF_LINE.length;
+    const next = text.charCodeAt(after);
+    if (
+      (at === 0 || text.charCodeAt(at - 1) === 0x0a) &&
+      (after === text.length || next === 0x0a || (next === 0x0d && text.charCodeAt(after + 1) === 0x0a))
+    )
+      return text.slice(0, at);
+  }
+  return text;
+}
 
 /** The longest label set read, in characters (`{...}`): 64 KiB, a thousand times an engine's. */
 const MAX_LABELS_CHARS = 64 * 1024;
 
-const LABEL = /\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|$)/y;
-const BLANK_REST = /\s*$/y;
+/**
+ * The most labels a series read may have: 64. SGLang's scheduler writes seven (model_name,
+ * engine_type, tp_rank, pp_rank, moe_ep_rank, dp_rank, priority), vLLM's gauges two; a page
+ * of series of thousands of labels each made millions of them to keep.
+ */
+const MAX_LABELS = 64;
 
-/** The labels between a sample's braces, undefined when they are not name="value" pairs. */
-function readLabels(body: string): Map<string, string> | undefined {
+const BLANK = 0x20;
+const TAB = 0x09;
+const QUOTE = 0x22;
+const BACKSLASH = 0x5c;
+const COMMA = 0x2c;
+const EQUALS = 0x3d;
+const LOWER_N = 0x6e;
+
+/** The index of the first character from `i` (before `to`) that is no space or tab. */
+function skipBlanks(s: string, i: number, to: number): number {
+  while (i < to) {
+    const c = s.charCodeAt(i);
+    if (c !== BLANK && c !== TAB) break;
+    i++;
+  }
+  return i;
+}
+
+/** Whether `c` may start a label name ([a-zA-Z_]), or with `more`, continue one ([a-zA-Z0-9_]). */
+function isLabelNameChar(c: number, more: boolean): boolean {
+  return (c >= 0x61 && c <= 0x7a) || (c >= 0x41 && c <= 0x5a) || c === 0x5f || (more && c >= 0x30 && c <= 0x39);
+}
+
+/**
+ * The labels of `s` between its braces (`from` after the `{`, `to` at the `}`), undefined when
+ * they are not name="value" pairs or more than MAX_LABELS of them. Read in one pass over the
+ * characters, a value with escapes then by JSON.parse, whose escapes `\\`, `\"` and `\n` are the
+ * text format's (a pattern with an alternation inside a repetition, and a replace calling back
+ * for each escape, took seconds over a page of label sets of tens of thousands of escapes, under
+ * MAX_LABELS_CHARS and the page's size bound). Read as Prometheus reads the text format
+ * (prometheus/prometheus model/textparse/promlex.l and promparse.go, at d15adb9a): a name is
+ * [a-zA-Z_][a-zA-Z0-9_]*, spaces and tabs may stand around each name, `=`, value and comma, a
+ * comma may follow the last pair; in a value `\\`, `\"` and `\n` are a backslash, a quote and a
+ * newline (its `lvalReplacer`), and a backslash before any other character is kept as written,
+ * the two characters both. Unlike Prometheus, which reads `a="1" b="2"` as two labels (its parser
+ * notes this may be "an accidental bug"; OpenMetrics refuses it), pairs without a comma between
+ * them are malformed.
+ */
+function readLabels(s: string, from: number, to: number): Map<string, string> | undefined {
   const labels = new Map<string, string>();
-  LABEL.lastIndex = 0;
-  while (LABEL.lastIndex < body.length) {
-    BLANK_REST.lastIndex = LABEL.lastIndex;
-    if (BLANK_REST.test(body)) break;
-    const m = LABEL.exec(body);
-    if (!m) return undefined;
-    labels.set(m[1], m[2].includes('\\') ? m[2].replace(/\\(.)/g, (_, c: string) => (c === 'n' ? '\n' : c)) : m[2]);
-    if (m[3] === '') break;
+  let i = skipBlanks(s, from, to);
+  for (let pairs = 1; i < to; pairs++) {
+    if (pairs > MAX_LABELS) return undefined;
+    const nameStart = i;
+    if (!isLabelNameChar(s.charCodeAt(i), false)) return undefined;
+    while (++i < to && isLabelNameChar(s.charCodeAt(i), true));
+    const name = s.slice(nameStart, i);
+    i = skipBlanks(s, i, to);
+    if (i >= to || s.charCodeAt(i) !== EQUALS) return undefined;
+    i = skipBlanks(s, i + 1, to);
+    if (i >= to || s.charCodeAt(i) !== QUOTE) return undefined;
+    const quote = i;
+    i = valueEnd(s, quote + 1, to);
+    if (i < 0) return undefined;
+    labels.set(
+      name,
+      valueEscapes === NO_ESCAPES
+        ? s.slice(quote + 1, i)
+        : valueEscapes === JSON_ESCAPES
+          ? (JSON.parse(s.slice(quote, i + 1)) as string)
+          : unescape(s, quote + 1, i),
+    );
+    i = skipBlanks(s, i + 1, to);
+    if (i >= to) break;
+    if (s.charCodeAt(i) !== COMMA) return undefined;
+    i = skipBlanks(s, i + 1, to);
   }
   return labels;
 }
+
+/** What valueEnd found in the value it read last: */
+let valueEscapes = 0;
+/** no escape the text format reads (`\\`, `\"`, `\n`): the value is its text as written, */
+const NO_ESCAPES = 0;
+/** such escapes, and no other escape or control character: JSON reads the value as the text format does, */
+const JSON_ESCAPES = 1;
+/** such escapes, and others or control characters. */
+const OTHER_ESCAPES = 2;
+
+/**
+ * The index of the quote that ends the label value starting at `i` (after its opening quote),
+ * -1 when there is none before `to`; what escapes it has in `valueEscapes`.
+ */
+function valueEnd(s: string, i: number, to: number): number {
+  let read = false;
+  let json = true;
+  for (; i < to; i++) {
+    const c = s.charCodeAt(i);
+    if (c === QUOTE) {
+      valueEscapes = !read ? NO_ESCAPES : json ? JSON_ESCAPES : OTHER_ESCAPES;
+      return i;
+    }
+    if (c === BACKSLASH) {
+      const next = s.charCodeAt(++i);
+      if (next === BACKSLASH || next === QUOTE || next === LOWER_N) read = true;
+      else json = false;
+    } else if (c < 0x20) json = false;
+  }
+  return -1;
+}
+
+/**
+ * A label value's text (`from` to `to`, without its quotes) with its escapes read, one by one:
+ * for values JSON.parse cannot read as they are (an escape other than `\\`, `\"` and `\n`, which
+ * is kept as written, or a control character), which no engine writes.
+ */
+function unescape(s: string, from: number, to: number): string {
+  // character codes, made a string a chunk at a time: appended one escape at a time, a value of
+  // tens of thousands of them took milliseconds, a page of such values more than a second
+  const codes = new Uint16Array(to - from);
+  let n = 0;
+  for (let i = from; i < to; i++) {
+    let c = s.charCodeAt(i);
+    if (c === BACKSLASH) {
+      const next = s.charCodeAt(i + 1);
+      if (next === BACKSLASH || next === QUOTE || next === LOWER_N) {
+        c = next === LOWER_N ? 0x0a : next;
+        i++;
+      }
+    }
+    codes[n++] = c;
+  }
+  let value = '';
+  for (let at = 0; at < n; at += UNESCAPE_CHUNK)
+    // (apply reads the typed array as it is; spread would go through its iterator)
+    value += String.fromCharCode.apply(
+      null,
+      codes.subarray(at, Math.min(n, at + UNESCAPE_CHUNK)) as unknown as number[],
+    );
+  return value;
+}
+
+/** How many character codes unescape makes a string of at once (spread as arguments). */
+const UNESCAPE_CHUNK = 8192;
 
 /** findLabelsEnd's answer for a label set whose last quoted value is still open at the end. */
 const OPEN_QUOTE = -2;
 
 /**
- * The index of the `}` closing the label set `s` opens, -1 when there is none, OPEN_QUOTE when
- * `s` ends inside a quoted value.
+ * The index of the `}` closing the label set whose `{` is at `open` in `s`, looked for before
+ * `to`: -1 when there is none, OPEN_QUOTE when the text up to `to` ends inside a quoted value.
  */
-function findLabelsEnd(s: string): number {
+function findLabelsEnd(s: string, open: number, to: number): number {
   let quoted = false;
-  for (let i = 1; i < s.length; i++) {
-    const c = s[i];
-    if (c === '\\') i++;
-    else if (c === '"') quoted = !quoted;
-    else if (c === '}' && !quoted) return i;
+  for (let i = open + 1; i < to; i++) {
+    const c = s.charCodeAt(i);
+    if (c === BACKSLASH) i++;
+    else if (c === QUOTE) quoted = !quoted;
+    else if (c === BRACE_CLOSE && !quoted) return i;
   }
   return quoted ? OPEN_QUOTE : -1;
 }
 
+const PLUS = 0x2b;
+const MINUS = 0x2d;
+const DOT = 0x2e;
+
+function isDigit(c: number): boolean {
+  return c >= 0x30 && c <= 0x39;
+}
+
 /**
- * A sample's value as Prometheus reads it (Go's strconv.ParseFloat: NaN, Inf and Infinity in
- * any case, signed or not, besides decimal numbers), or undefined when it is none.
+ * A sample's value as Prometheus reads it, or undefined when it is none. Prometheus reads it
+ * with strconv.ParseFloat after refusing any `p`, `P` or `_` ("Keep to pre-Go 1.13 float
+ * formats": model/textparse/promparse.go parseFloat, prometheus/prometheus at d15adb9a), so what
+ * it takes is a decimal number (a sign, digits with at most one `.` among them and at least one
+ * digit, then an optional `e`/`E`, sign and digits) or ParseFloat's specials: "Inf" and
+ * "Infinity", signed or not, and "NaN" unsigned, in any case. Number() takes more: "0x10", "0b1"
+ * and "0o7", which ParseFloat refuses (a hexadecimal number without its `p` exponent, no binary or
+ * octal at all), and "" as 0; those are no value. A number past the largest double (`1e400`),
+ * for which ParseFloat says ErrRange beside ±Inf, is read as that infinity: out of its range, the
+ * reader takes it as the worst (readEngineLoad) where refused it would read as no load at all.
  */
-function sampleValue(sample: string): number | undefined {
-  const special = /^([+-]?)(?:(nan)|inf(?:inity)?)$/i.exec(sample);
-  if (special) return special[2] !== undefined ? NaN : special[1] === '-' ? -Infinity : Infinity;
-  const value = sample === '' ? NaN : Number(sample);
-  return Number.isNaN(value) ? undefined : value;
+function sampleValue(token: string): number | undefined {
+  const n = token.length;
+  let i = token.charCodeAt(0) === PLUS || token.charCodeAt(0) === MINUS ? 1 : 0;
+  let digits = false;
+  let dot = false;
+  for (; i < n; i++) {
+    const c = token.charCodeAt(i);
+    if (isDigit(c)) digits = true;
+    else if (c === DOT && !dot) dot = true;
+    else break;
+  }
+  if (!digits) return specialValue(token);
+  if (i < n && (token.charCodeAt(i) | 0x20) === 0x65) {
+    if (++i < n && (token.charCodeAt(i) === PLUS || token.charCodeAt(i) === MINUS)) i++;
+    if (!(i < n && isDigit(token.charCodeAt(i)))) return undefined;
+    while (i < n && isDigit(token.charCodeAt(i))) i++;
+  }
+  return i === n ? Number(token) : undefined;
+}
+
+/** ParseFloat's specials (strconv/atof.go special): [+-]?(inf|infinity) and nan, in any case. */
+function specialValue(token: string): number | undefined {
+  if (token.length > 9) return undefined;
+  switch (token.toLowerCase()) {
+    case 'nan':
+      return NaN;
+    case 'inf':
+    case '+inf':
+    case 'infinity':
+    case '+infinity':
+      return Infinity;
+    case '-inf':
+    case '-infinity':
+      return -Infinity;
+    default:
+      return undefined;
+  }
+}
+
+/** The first word of `s` from `i` on, before `to` (after spaces and tabs, up to the next). */
+function firstWord(s: string, i: number, to: number): string {
+  const from = skipBlanks(s, i, to);
+  let end = from;
+  while (end < to) {
+    const c = s.charCodeAt(end);
+    if (c === BLANK || c === TAB) break;
+    end++;
+  }
+  return s.slice(from, end);
 }
 
 /** The samples of the first of `names` the page has, or undefined. */
@@ -452,8 +689,9 @@ function outOfRangeName(series: Map<string, Sample[]>, names: readonly string[],
  * pressure ceiling leaves out a full worker only while another is below it). Read as the worst,
  * the sample can only move requests away from its engine, and only while the engine says it.
  */
-export function readEngineLoad(text: string, engine?: string): EngineLoad {
-  const s = parsePrometheusText(text, engine, LOAD_NAMES, MAX_LOAD_SERIES);
+export function readEngineLoad(page: string, engine?: string): EngineLoad {
+  const text = exposition(page);
+  const s = parseExposition(text, engine, LOAD_NAMES, MAX_LOAD_SERIES);
   const running = count(s, RUNNING);
   const queued = count(s, WAITING);
   const grammar = count(s, GRAMMAR_WAITING);
@@ -554,10 +792,11 @@ const CACHE_CONFIG_INFO = 'vllm:cache_config_info{';
  * given): vLLM's cache_config_info, else SGLang's max_total_num_tokens; undefined when the page
  * has neither or they say no positive count.
  */
-export function readKvCapacityTokens(text: string, engine?: string): number | undefined {
+export function readKvCapacityTokens(page: string, engine?: string): number | undefined {
+  const text = exposition(page);
   return (
     vllmKvCapacityTokens(text, engine) ??
-    sglangKvCapacityTokens(parsePrometheusText(text, engine, CAPACITY_NAMES, MAX_LOAD_SERIES))
+    sglangKvCapacityTokens(parseExposition(text, engine, CAPACITY_NAMES, MAX_LOAD_SERIES))
   );
 }
 
@@ -612,11 +851,15 @@ function vllmKvCapacityTokens(text: string, engine?: string): number | undefined
   for (let at = text.startsWith(CACHE_CONFIG_INFO) ? 0 : text.indexOf(`\n${CACHE_CONFIG_INFO}`); at >= 0;) {
     if (text[at] === '\n') at++;
     const from = at + CACHE_CONFIG_INFO.length;
-    const end = findLabelsEnd(text.slice(from - 1, from + 4096));
+    // looked for on the line only, and at most 4 KiB of it
+    let lineEnd = text.indexOf('\n', from);
+    if (lineEnd < 0) lineEnd = text.length;
+    const end = findLabelsEnd(text, from - 1, Math.min(lineEnd, from + 4096));
     if (end >= 0) {
-      const labels = text.slice(from, from - 1 + end);
+      const labels = text.slice(from, end);
       infos.push(labels);
-      engines.add(/(?:^|,)\s*engine="([^"\\]*)"/.exec(labels)?.[1] ?? '');
+      const rank = infoLabel(labels, 'engine');
+      engines.add(rank === undefined || rank.includes('\\') ? '' : rank);
       // more than any engine writes (one per engine index): no capacity is read from it
       if (infos.length > MAX_LOAD_SERIES) return undefined;
     }
@@ -634,14 +877,32 @@ function vllmKvCapacityTokens(text: string, engine?: string): number | undefined
 /** One engine's KV capacity by a cache_config_info label set whose num_gpu_blocks is `ranks` engines'. */
 function oneEngineKvTokens(labels: string, ranks: number): number | undefined {
   const label = (name: string): number => {
-    const m = new RegExp(`(?:^|,)\\s*${name}="(\\d+)"`).exec(labels);
-    return m ? Number(m[1]) : NaN;
+    const v = infoLabel(labels, name);
+    return v !== undefined && /^\d+$/.test(v) ? Number(v) : NaN;
   };
-  const size = /(?:^|,)\s*kv_cache_size_tokens="([^"]*)"/.exec(labels);
-  const sized = size && size[1].trim() !== '' ? Math.floor(Number(size[1])) : NaN;
+  const size = infoLabel(labels, 'kv_cache_size_tokens');
+  const sized = size !== undefined && size.trim() !== '' ? Math.floor(Number(size)) : NaN;
   if (Number.isSafeInteger(sized) && sized > 0) return sized;
   const tokens = Math.floor((label('num_gpu_blocks') * label('block_size')) / ranks);
   return Number.isSafeInteger(tokens) && tokens > 0 ? tokens : undefined;
+}
+
+/**
+ * The text of label `name`'s value in cache_config_info's `labels` (up to the next quote, its
+ * escapes as written), undefined when it has none. Found by the text's search for `name="`, not
+ * by a pattern tried at every comma (the page's thousands of label sets, each up to 4 KiB, made
+ * that a quarter of a second).
+ */
+function infoLabel(labels: string, name: string): string | undefined {
+  const key = `${name}="`;
+  for (let at = labels.indexOf(key); at >= 0; at = labels.indexOf(key, at + 1)) {
+    let before = at;
+    while (before > 0 && isWhiteSpace(labels.charCodeAt(before - 1))) before--;
+    if (before > 0 && labels.charCodeAt(before - 1) !== COMMA) continue;
+    const end = labels.indexOf('"', at + key.length);
+    return end < 0 ? undefined : labels.slice(at + key.length, end);
+  }
+  return undefined;
 }
 
 /** A series of another rank than `engine`: by vLLM's `engine` label or SGLang's `dp_rank`. */
