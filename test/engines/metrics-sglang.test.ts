@@ -93,3 +93,31 @@ test("SGLang's requests waiting for their grammar count as waiting beside its wa
   assert.equal(bad.outOfRange, 'sglang:num_grammar_queue_reqs');
   assert.equal(bad.waiting, MAX_ENGINE_REQUESTS);
 });
+
+test("SGLang's disaggregation queues that wait on the server count as waiting; the prefill inflight queue does not", () => {
+  // python/sglang/srt/observability/metrics_collector.py SchedulerMetricsCollector: the
+  // scheduler of a prefill server sets the prefill queues, a decode server's the decode ones
+  const gauge = (name: string, n: number, dp?: string) => `sglang:${name}{${labels(dp)}} ${n}.0`;
+  const prefill = [
+    gauge('num_running_reqs', 2),
+    gauge('num_queue_reqs', 3),
+    gauge('num_prefill_prealloc_queue_reqs', 5),
+    gauge('num_prefill_inflight_queue_reqs', 7),
+    `sglang:token_usage{${labels()}} 0.5`,
+  ].join('\n');
+  assert.deepEqual(readEngineLoad(`${prefill}\n`), { running: 2, waiting: 8, kvUsage: 0.5 });
+  const decode = [
+    gauge('num_running_reqs', 20, '0'),
+    gauge('num_queue_reqs', 1, '0'),
+    gauge('num_decode_prealloc_queue_reqs', 4, '0'),
+    gauge('num_decode_transfer_queue_reqs', 6, '0'),
+    gauge('num_queue_reqs', 0, '1'),
+    gauge('num_decode_prealloc_queue_reqs', 9, '1'),
+  ].join('\n');
+  assert.equal(readEngineLoad(`${decode}\n`, '0').waiting, 11);
+  assert.equal(readEngineLoad(`${decode}\n`, '1').waiting, 9);
+  assert.equal(readEngineLoad(`${decode}\n`).waiting, 20);
+  // out of its range, a disaggregation queue is read as the worst, and named
+  const bad = readEngineLoad(`${gauge('num_queue_reqs', 0)}\nsglang:num_decode_transfer_queue_reqs{${labels()}} NaN\n`);
+  assert.deepEqual([bad.waiting, bad.outOfRange], [MAX_ENGINE_REQUESTS, 'sglang:num_decode_transfer_queue_reqs']);
+});

@@ -55,6 +55,26 @@ const WAITING = ['vllm:num_requests_waiting', 'sglang:num_queue_reqs'];
  * `num_queue_reqs` from its waiting queue's). They wait all the same: added to the waiting count.
  */
 const GRAMMAR_WAITING = ['sglang:num_grammar_queue_reqs'];
+/**
+ * SGLang's prefill-decode disaggregation queues that hold requests waiting on the server before
+ * its waiting queue (python/sglang/srt/observability/metrics_collector.py
+ * SchedulerMetricsCollector at sgl-project/sglang 44cedc2b; the scheduler sets them from the
+ * queues' lengths beside num_queue_reqs, scheduler_metrics_mixin.py): on a prefill server
+ * `sglang:num_prefill_prealloc_queue_reqs`, its bootstrap queue (disaggregation/prefill.py
+ * PrefillBootstrapQueue, "the requests in bootstrapping"), whose requests join the waiting queue
+ * once the decode server has taken their KV transfer on; on a decode server
+ * `sglang:num_decode_prealloc_queue_reqs`, the requests waiting for this server's KV memory
+ * (decode.py DecodePreallocQueue), and `sglang:num_decode_transfer_queue_reqs`, those whose
+ * memory is held here while their KV arrives (DecodeTransferQueue), which then join its waiting
+ * queue. Each is added to the waiting count, as the grammar queue is. A prefill server's
+ * `sglang:num_prefill_inflight_queue_reqs` is left out: its requests were prefilled and only
+ * their KV is still being sent, no work of that server's left to wait for.
+ */
+const PD_WAITING = [
+  'sglang:num_prefill_prealloc_queue_reqs',
+  'sglang:num_decode_prealloc_queue_reqs',
+  'sglang:num_decode_transfer_queue_reqs',
+] as const;
 const USAGE = ['vllm:kv_cache_usage_perc', 'vllm:gpu_cache_usage_perc', 'sglang:token_usage'];
 const QUERIES = [
   'vllm:prefix_cache_queries_total',
@@ -140,6 +160,7 @@ const LOAD_NAMES: ReadonlySet<string> = new Set([
   ...RUNNING,
   ...WAITING,
   ...GRAMMAR_WAITING,
+  ...PD_WAITING,
   ...USAGE,
   ...QUERIES,
   ...HITS,
@@ -694,8 +715,12 @@ export function readEngineLoad(page: string, engine?: string): EngineLoad {
   const s = parseExposition(text, engine, LOAD_NAMES, MAX_LOAD_SERIES);
   const running = count(s, RUNNING);
   const queued = count(s, WAITING);
-  const grammar = count(s, GRAMMAR_WAITING);
-  const waiting = grammar === undefined ? queued : Math.min((queued ?? 0) + grammar, MAX_ENGINE_REQUESTS);
+  // the queues besides the waiting queue (SGLang's grammar and disaggregation queues), each its own name
+  let waiting = queued;
+  for (const names of [GRAMMAR_WAITING, ...PD_WAITING.map((n) => [n])]) {
+    const more = count(s, names);
+    if (more !== undefined) waiting = Math.min((waiting ?? 0) + more, MAX_ENGINE_REQUESTS);
+  }
   const kvUsage = usage(s, USAGE);
   if (running === undefined && waiting === undefined && kvUsage === undefined) {
     throw new MetricsFormatError('no vLLM or SGLang load metrics in the page');
@@ -707,7 +732,9 @@ export function readEngineLoad(page: string, engine?: string): EngineLoad {
     running === MAX_ENGINE_REQUESTS
       ? outOfRangeName(s, RUNNING, false)
       : waiting === MAX_ENGINE_REQUESTS
-        ? (outOfRangeName(s, WAITING, false) ?? outOfRangeName(s, GRAMMAR_WAITING, false))
+        ? (outOfRangeName(s, WAITING, false) ??
+          outOfRangeName(s, GRAMMAR_WAITING, false) ??
+          PD_WAITING.map((n) => outOfRangeName(s, [n], false)).find((n) => n !== undefined))
         : kvUsage === 1
           ? outOfRangeName(s, USAGE, true)
           : undefined;
