@@ -21,6 +21,8 @@ describe('Prometheus text format: label sets', () => {
     // a raw tab in a value is the value's; with escapes beside it, both are read
     assert.deepEqual(labelsOf('a="1\t2",b="\t\\"\\n"'), { a: '1\t2', b: '\t"\n' });
     assert.deepEqual(labelsOf('a="",b="}{,=",c="\\"}"'), { a: '', b: '}{,=', c: '"}' });
+    // many escapes beside a raw tab or an escape kept as written
+    assert.deepEqual(labelsOf(`a="\t${'\\"'.repeat(20)}\\t\\n"`), { a: `\t${'"'.repeat(20)}\\t\n` });
     // a value of tens of thousands of escapes is read whole
     assert.deepEqual(labelsOf(`a="${'\\"'.repeat(30000)}"`), { a: '"'.repeat(30000) });
   });
