@@ -7,6 +7,17 @@ export interface EngineLimits {
 }
 
 /**
+ * Whether an engine of context length `maxModelLen` refuses a prompt of `inputTokens` that asks
+ * for `outputTokens` (undefined: no max_tokens given) as too long: vLLM refuses a prompt of
+ * max_model_len tokens or more, and one whose max_tokens does not fit in what is left
+ * (vllm/entrypoints/openai/serving_engine.py, _validate_input); SGLang alike, by its context
+ * length (tokenizer_manager.py, _validate_one_request).
+ */
+export function exceedsContext(maxModelLen: number, inputTokens: number, outputTokens: number | undefined): boolean {
+  return inputTokens >= maxModelLen || (outputTokens !== undefined && inputTokens + outputTokens > maxModelLen);
+}
+
+/**
  * Why the engine would refuse the request, as vLLM's OpenAI server words it (HTTP 400), or
  * null. vLLM refuses a prompt of max_model_len tokens or more, and a prompt whose requested
  * output does not fit in what is left (vllm/entrypoints/openai/serving_engine.py,
@@ -18,11 +29,10 @@ export function rejection(
 ): string | null {
   const len = limits.maxModelLen;
   const input = request.inputTokens;
-  if (input >= len) {
-    return `This model's maximum context length is ${len} tokens. However, your request has ${input} input tokens. Please reduce the length of the input messages.`;
-  }
-  if (input + request.outputTokens > len) {
-    return `'max_tokens' or 'max_completion_tokens' is too large: ${request.outputTokens}. This model's maximum context length is ${len} tokens and your request has ${input} input tokens (${request.outputTokens} > ${len} - ${input}).`;
+  if (exceedsContext(len, input, request.outputTokens)) {
+    return input >= len
+      ? `This model's maximum context length is ${len} tokens. However, your request has ${input} input tokens. Please reduce the length of the input messages.`
+      : `'max_tokens' or 'max_completion_tokens' is too large: ${request.outputTokens}. This model's maximum context length is ${len} tokens and your request has ${input} input tokens (${request.outputTokens} > ${len} - ${input}).`;
   }
   // content anchors take whole blocks of their own: the request must still fit alone
   const bt = limits.blockTokens;

@@ -81,7 +81,13 @@ import { sharePrefillReads } from '../state/prefill-sharing.js';
 import { PanicRouting } from './panic-routing.js';
 import { PostedEvents } from './posted-events.js';
 import { createProxyHandler, routeOr400, type ProxyDeps } from './proxy.js';
-import { checkRequestLimits, clientMessage, RequestLimitError, type RequestLimits } from './request-limits.js';
+import {
+  checkRequestLimits,
+  clientMessage,
+  RequestLimitError,
+  requestedOutputTokens,
+  type RequestLimits,
+} from './request-limits.js';
 import { mediaDomains } from './media-domains.js';
 import { checkTimeouts, FirstByteDeadlines, type GatewayTimeouts } from './timeouts.js';
 import { carryRequestId, headBytes, requestIdLine } from './passed-headers.js';
@@ -1192,7 +1198,12 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       }
       if (!prepared) return reply;
       const { routeRequest } = prepared;
-      const exclude = connections.withoutModel(prepared.body.model);
+      const exclude = connections.withoutRoom(
+        connections.withoutModel(prepared.body.model),
+        prepared.body.model,
+        routeRequest.tokens?.length,
+        routeRequest.tokens === undefined ? undefined : requestedOutputTokens(prepared.body),
+      );
       let r = routeOr400(router, reply, routeRequest, { dryRun: true, explain: true, exclude }, path);
       if (!r) return reply;
       // what a completion would do: with no worker in rotation for it, panic routing asks again

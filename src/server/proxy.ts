@@ -46,7 +46,7 @@ import {
   type RequestReader,
   type RequestSource,
 } from './openai-request.js';
-import { clientMessage } from './request-limits.js';
+import { clientMessage, requestedOutputTokens } from './request-limits.js';
 import type { FirstByteDeadlines } from './timeouts.js';
 import { passedHeaders, PassedHeaderRejection } from './passed-headers.js';
 import type { FailureLog } from './failure-log.js';
@@ -186,6 +186,10 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     };
     // (the name is a string of its own, not part of the body's text: holding it holds no body bytes)
     const model = prepared.body.model;
+    // what an engine's context length is checked against (connections.withoutRoom), when the
+    // prompt's token ids are known
+    const promptTokens = prepared.routeRequest.tokens?.length;
+    const outputTokens = promptTokens === undefined ? undefined : requestedOutputTokens(prepared.body);
     let notServing = connections.withoutModel(model);
     // before answering that no worker serves the model, what the engines list is read again (at
     // most once a second, refreshModels()): an engine may have loaded the adapter, or restarted
@@ -300,7 +304,12 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       }
       // the workers route() leaves out: those not serving the model now and those that failed the
       // request (until one does, the set withoutModel() keeps for the model: nothing is made)
-      const without = listedOnly ? connections.notListing(model) : connections.withoutModel(model);
+      const without = connections.withoutRoom(
+        listedOnly ? connections.notListing(model) : connections.withoutModel(model),
+        model,
+        promptTokens,
+        outputTokens,
+      );
       const excluded =
         failedWorkers === undefined ? without : union((excludedNow ??= new Set()), without, failedWorkers);
       // a whole answer shows no first token: the router reads it off the engine's queue

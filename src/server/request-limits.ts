@@ -930,6 +930,18 @@ export function checkTokenBudget(value: unknown, param: string): void {
 }
 
 /**
+ * The output tokens a request asks for, as an engine checks them against its context length:
+ * `max_completion_tokens` when it is more than 0, else `max_tokens` (vLLM's
+ * `request.max_completion_tokens or request.max_tokens`), undefined when neither is given (the
+ * engine then fills what the context leaves). Read after checkTokenBudget passed both.
+ */
+export function requestedOutputTokens(body: Record<string, unknown>): number | undefined {
+  const completion = body.max_completion_tokens;
+  if (typeof completion === 'number' && completion > 0) return completion;
+  return typeof body.max_tokens === 'number' ? body.max_tokens : undefined;
+}
+
+/**
  * `stream_options`: absent, null or an object whose `include_usage` and `continuous_usage_stats`
  * are each absent, null, true or false, as vLLM's and SGLang's StreamOptions declare them
  * (Optional[bool]; other members are the engine's to ignore). A string such as `"true"` is

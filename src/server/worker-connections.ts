@@ -31,6 +31,7 @@ import { MetricsScraper } from '../engines/metrics/scraper.js';
 import { DEFAULT_STALL_TIMEOUT_MS, StallWatch } from '../engines/metrics/stall.js';
 import { workerLimitRefusal, type WorkerRecord } from '../state/state-store.js';
 import { ConnectionSlots, DEFAULT_ENGINE_CONNECTIONS, MAX_ENGINE_CONNECTIONS } from './connection-slots.js';
+import { exceedsContext } from '../engine-model/limits.js';
 import { adaptersFromModels, DP_RANK_HEADER, rankEndpoint, tokenizeBody, workerRanks } from './engine-deployments.js';
 import { isTokenId } from './request-limits.js';
 import { MAX_TIMER_MS } from './timeouts.js';
@@ -58,6 +59,12 @@ export interface WorkerConnection {
    * takes (withoutModel()).
    */
   listed?: ReadonlySet<string>;
+  /**
+   * The context length (max_model_len) of each model its engine's last /v1/models read listed
+   * with one, an adapter taking its base model's (vLLM lists a LoRA adapter without one); empty
+   * until a read answers with one. Shared by the ranks.
+   */
+  contextLengths: ReadonlyMap<string, number>;
   subscriber?: KvEventSubscriber;
   /** The worker's own id (its ranks share it). */
   workerId: string;
@@ -116,6 +123,43 @@ export const NO_WORKERS: ReadonlySet<string> = new Set();
  * lists (withoutModel()): names past it are answered as they are asked, never kept.
  */
 const MAX_KEPT_MODELS = 1024;
+
+/** Longest context length read from a /v1/models entry: one past it is no engine's (2^31 − 1 tokens). */
+const MAX_CONTEXT_LENGTH = 2 ** 31 - 1;
+
+/** No context length listed. */
+const NO_CONTEXT_LENGTHS: ReadonlyMap<string, number> = new Map();
+
+/**
+ * The context length of each model `models` (a /v1/models list) gives one for: its
+ * `max_model_len` (vLLM's and SGLang's model cards), a whole number from 1 to MAX_CONTEXT_LENGTH,
+ * for a base model; each of `adapters` (name → base model) its base model's, which is what its
+ * requests are checked against (vLLM lists an adapter without one).
+ */
+function contextLengthsOf(
+  models: ReadonlyArray<{ id: string }>,
+  adapters: ReadonlyMap<string, string>,
+): ReadonlyMap<string, number> {
+  let out: Map<string, number> | undefined;
+  for (const m of models) {
+    const length = (m as { max_model_len?: unknown }).max_model_len;
+    if (adapters.has(m.id) || !Number.isSafeInteger(length)) continue;
+    if ((length as number) < 1 || (length as number) > MAX_CONTEXT_LENGTH) continue;
+    (out ??= new Map()).set(m.id, length as number);
+  }
+  if (out === undefined) return NO_CONTEXT_LENGTHS;
+  for (const [name, base] of adapters) {
+    const length = out.get(base);
+    if (length !== undefined) out.set(name, length);
+  }
+  return out;
+}
+
+function sameEntries(a: ReadonlyMap<string, number>, b: ReadonlyMap<string, number>): boolean {
+  if (a.size !== b.size) return false;
+  for (const [k, v] of a) if (b.get(k) !== v) return false;
+  return true;
+}
 
 /** Largest /v1/models answer read (vLLM lists each model and adapter in a few hundred bytes). */
 const MAX_MODELS_BYTES = 4 * 1024 * 1024;
@@ -306,6 +350,8 @@ export class WorkerConnections {
   private listing: ReadonlySet<string> | undefined;
   /** The workers whose models are known, from `models=` or their engine's /v1/models (made when first asked). */
   private known: ReadonlySet<string> | undefined;
+  /** The shortest context length any engine lists for any model (Infinity: none listed; made when first asked). */
+  private shortestContext: number | undefined;
   /** Each worker's /v1/models read under way, by the worker's own id: reads asked meanwhile share it. */
   private readonly reading = new Map<string, Promise<void>>();
   /** The re-read of every worker's /v1/models under way (refreshModels()). */
@@ -667,6 +713,7 @@ export class WorkerConnections {
         this.connections.set(id, {
           record,
           base,
+          contextLengths: NO_CONTEXT_LENGTHS,
           pool: pool!,
           slots,
           models,
@@ -729,16 +776,24 @@ export class WorkerConnections {
     if (!models || this.connections.get(ids[0]!) !== first) return;
     const adapters = adaptersFromModels(models);
     const listed = new Set(models.map((m) => m.id));
+    const contextLengths = contextLengthsOf(models, adapters);
     let gained = first.listed === undefined;
     for (const name of adapters.keys()) if (!first.adapters.has(name)) gained = true;
     for (const id of listed) if (!first.listed?.has(id)) gained = true;
-    const changed = gained || adapters.size !== first.adapters.size || listed.size !== first.listed?.size;
+    const changed =
+      gained ||
+      adapters.size !== first.adapters.size ||
+      listed.size !== first.listed?.size ||
+      !sameEntries(contextLengths, first.contextLengths);
     first.adapters.clear();
     for (const [name, parent] of adapters) first.adapters.set(name, parent);
     // the ranks share the engine's answer
     for (const id of ids) {
       const c = this.connections.get(id);
-      if (c) c.listed = listed;
+      if (c) {
+        c.listed = listed;
+        c.contextLengths = contextLengths;
+      }
     }
     if (changed) this.modelsChanged();
     if (gained) this.rotationGained();
@@ -929,11 +984,51 @@ export class WorkerConnections {
     return out;
   }
 
-  /** The workers' model lists changed: withoutModel() answers from them again. */
+  /** The workers' model lists changed: withoutModel() and withoutRoom() answer from them again. */
   private modelsChanged(): void {
     this.withoutModelByName.clear();
     this.listing = undefined;
     this.known = undefined;
+    this.shortestContext = undefined;
+  }
+
+  /**
+   * `without` and the workers in rotation whose engines list a context length for `model` too
+   * short for the request (exceedsContext: `promptTokens` at or past it, or `maxTokens` not
+   * fitting in what is left), when a worker in rotation outside them may take it: one whose
+   * engine lists a longer context, or none. In a fleet whose engines were started with different
+   * --max-model-len (GPUs of several sizes serving one model) a long prompt goes to one that
+   * takes it, not to one that answers it 400. When none in rotation would, `without` is
+   * answered, and the engine's 400 says why to the client. Without the prompt's token count
+   * (token ids not known before routing) nothing is left out; a prompt shorter than every
+   * listed context costs one comparison.
+   */
+  withoutRoom(
+    without: ReadonlySet<string>,
+    model: unknown,
+    promptTokens: number | undefined,
+    maxTokens: number | undefined,
+  ): ReadonlySet<string> {
+    if (promptTokens === undefined || typeof model !== 'string') return without;
+    const shortest = (this.shortestContext ??= this.findShortestContext());
+    if (!exceedsContext(shortest, promptTokens, maxTokens)) return without;
+    let tooShort: Set<string> | undefined;
+    let roomLeft = false;
+    for (const w of this.options.router.listWorkers()) {
+      if (without.has(w.id)) continue;
+      const length = this.connections.get(w.id)?.contextLengths.get(model);
+      if (length !== undefined && exceedsContext(length, promptTokens, maxTokens))
+        (tooShort ??= new Set(without)).add(w.id);
+      else if (w.available) roomLeft = true;
+    }
+    return tooShort !== undefined && roomLeft ? tooShort : without;
+  }
+
+  private findShortestContext(): number {
+    let shortest = Infinity;
+    for (const c of this.connections.values())
+      for (const length of c.contextLengths.values()) shortest = Math.min(shortest, length);
+    return shortest;
   }
 
   /**

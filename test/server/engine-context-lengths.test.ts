@@ -1,0 +1,129 @@
+/**
+ * Engines of one model started with different context lengths (--max-model-len): each lists its
+ * own in /v1/models (`max_model_len`), and a request too long for one goes to one that takes it,
+ * not to one that answers it 400.
+ */
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { MockEngine } from '../../src/engines/mock-engine.js';
+import { KVAwareRouter } from '../../src/index.js';
+import { createGateway, type Gateway } from '../../src/server/gateway.js';
+import { fakeEngine, type FakeEngine } from '../faults/harness.js';
+import { until } from '../helpers/wait.js';
+
+/** Prompts as token ids: the gateway knows their length before it routes them. */
+const prompt = (tokens: number, family = 1) => Array.from({ length: tokens }, (_, i) => family * 100_000 + i);
+
+async function complete(url: string, body: Record<string, unknown>) {
+  const r = await fetch(`${url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'm', ...body }),
+  });
+  return { status: r.status, worker: r.headers.get('x-contextforge-worker'), text: await r.text() };
+}
+
+async function dryRun(gw: Gateway, url: string, body: Record<string, unknown>) {
+  const r = await fetch(`${url}/v1/route`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', authorization: `Bearer ${gw.adminToken}` },
+    body: JSON.stringify({ model: 'm', ...body }),
+  });
+  return (await r.json()) as { worker: string | null };
+}
+
+async function fleet(workers: Array<{ id: string; url: string }>) {
+  const gw = await createGateway({
+    router: new KVAwareRouter({ policy: 'round-robin' }),
+    workers,
+    metricsIntervalMs: 0,
+    healthCheckIntervalMs: 0,
+  });
+  return { gw, url: await gw.app.listen({ host: '127.0.0.1', port: 0 }) };
+}
+
+test('a prompt longer than one engine takes goes to the engine with the longer context', async (t) => {
+  const short = await new MockEngine({ model: 'm', maxModelLen: 64 }).start();
+  const long = await new MockEngine({ model: 'm', maxModelLen: 4096 }).start();
+  const { gw, url } = await fleet([
+    { id: 'short', url: `http://127.0.0.1:${short.port}` },
+    { id: 'long', url: `http://127.0.0.1:${long.port}` },
+  ]);
+  t.after(async () => {
+    await gw.close();
+    await short.close();
+    await long.close();
+  });
+  // the lists are read when the workers are added: a long prompt's dry run shows when both are
+  await until(
+    async () =>
+      (await dryRun(gw, url, { prompt: prompt(100) })).worker === 'long' &&
+      (await dryRun(gw, url, { prompt: prompt(100) })).worker === 'long',
+    'the context lengths read',
+  );
+  for (let i = 0; i < 6; i++) {
+    // round robin alternates the two; the long prompts go to the long engine every time
+    const r = await complete(url, { prompt: prompt(100 + i, i + 2), max_tokens: 1 });
+    assert.deepEqual([r.status, r.worker], [200, 'long'], r.text);
+  }
+  const workers = new Set<string | null>();
+  for (let i = 0; i < 4; i++) {
+    const r = await complete(url, { prompt: prompt(10, 50 + i), max_tokens: 1 });
+    assert.equal(r.status, 200, r.text);
+    workers.add(r.worker);
+  }
+  assert.deepEqual([...workers].sort(), ['long', 'short'], 'short prompts still go to both');
+  // a prompt that fits whose max_tokens does not fit in what the short context leaves (vLLM's 400)
+  for (let i = 0; i < 4; i++) {
+    const r = await complete(url, { prompt: prompt(40, 80 + i), max_tokens: 30 });
+    assert.deepEqual([r.status, r.worker], [200, 'long'], r.text);
+  }
+  // chat's max_completion_tokens counts before max_tokens
+  for (let i = 0; i < 4; i++) {
+    const r = await complete(url, { prompt: prompt(40, 90 + i), max_tokens: 1, max_completion_tokens: 30 });
+    assert.deepEqual([r.status, r.worker], [200, 'long'], r.text);
+  }
+  // too long for every engine: the engine's own 400 says so, not a 503 for want of a worker
+  const tooLong = await complete(url, { prompt: prompt(5000, 99), max_tokens: 1 });
+  assert.equal(tooLong.status, 400, tooLong.text);
+  assert.match(tooLong.text, /maximum context length/);
+  assert.equal(gw.router.getStats().inFlightRequests, 0);
+});
+
+test('an engine that lists no context length, or one not in rotation, leaves nothing out', async (t) => {
+  // a list without max_model_len: nothing known of its context
+  const unlisted: FakeEngine = await fakeEngine((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      const body =
+        req.url === '/v1/models'
+          ? { object: 'list', data: [{ id: 'm', object: 'model' }] }
+          : { id: 'c', choices: [{ index: 0, text: 'ok', finish_reason: 'length' }] };
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(body));
+    });
+  });
+  const short = await new MockEngine({ model: 'm', maxModelLen: 64 }).start();
+  const { gw, url } = await fleet([
+    { id: 'short', url: `http://127.0.0.1:${short.port}` },
+    { id: 'unlisted', url: unlisted.url },
+  ]);
+  t.after(async () => {
+    await gw.close();
+    await short.close();
+    await unlisted.close();
+  });
+  await until(async () => (await dryRun(gw, url, { prompt: prompt(100) })).worker === 'unlisted', 'the lists read');
+  for (let i = 0; i < 4; i++) {
+    const r = await complete(url, { prompt: prompt(100, i + 2), max_tokens: 1 });
+    assert.deepEqual([r.status, r.worker], [200, 'unlisted'], r.text);
+  }
+  // the worker that could take it drained: the short engine answers, with its 400
+  await fetch(`${url}/admin/workers/unlisted/drain`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', authorization: `Bearer ${gw.adminToken}` },
+    body: '{}',
+  });
+  await until(() => gw.router.listWorkers().find((w) => w.id === 'unlisted')?.available === false, 'drained');
+  const refused = await complete(url, { prompt: prompt(100, 9), max_tokens: 1 });
+  assert.deepEqual([refused.status, refused.worker], [400, 'short'], refused.text);
+});
