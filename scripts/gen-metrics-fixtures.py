@@ -36,6 +36,20 @@ Pages (what each must read as is in test/engines/metrics.test.ts):
   sglang-expert-parallel.txt SGLang with --tp 2 --ep-size 2 --enable-metrics-for-all-schedulers:
       moe_ep_rank = tp_rank // (tp_size // ep_size) at scheduler launch, so the two TP ranks
       differ in moe_ep_rank too and still write the same numbers.
+  sglang-pd-prefill.txt  SGLang prefill server of a prefill-decode deployment,
+      --disaggregation-mode prefill --enable-metrics
+      (python/sglang/srt/observability/metrics_collector.py at commit 44cedc2b,
+      SchedulerMetricsCollector.__init__ and log_stats; engine_type "prefill", as the scheduler
+      writes it since sgl-project/sglang#18552, "unified" before): the scheduler sets
+      num_prefill_prealloc_queue_reqs from its bootstrap queue and
+      num_prefill_inflight_queue_reqs from its inflight (KV being sent) queue beside
+      num_queue_reqs; log_stats writes the decode queues too, at SchedulerStats' default 0.
+  sglang-pd-decode.txt   SGLang decode server of the same deployment, --disaggregation-mode
+      decode --enable-metrics (same source, engine_type "decode"): num_decode_prealloc_queue_reqs
+      and num_decode_transfer_queue_reqs from its prealloc and transfer queues, the prefill
+      queues at 0. Later releases renamed the prefill gauge (016d8605:
+      sglang:num_prefill_bootstrap_queue_reqs, "The number of requests in the prefill bootstrap
+      queue."); these two pages are the release whose name is prealloc.
 
 Run: pip install prometheus_client && python3 scripts/gen-metrics-fixtures.py
 """
@@ -378,6 +392,108 @@ def sglang_expert_parallel():
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# SGLang prefill-decode disaggregation, python/sglang/srt/observability/metrics_collector.py at
+# 44cedc2b9c7dd31d9acae4498ea4fa0d3665feed (SchedulerMetricsCollector.__init__ and log_stats:
+# the queue counts are plain gauges, no priority breakdown)
+# ---------------------------------------------------------------------------------------------
+
+
+def sglang_pd_scheduler(*, engine_type, stats):
+    """One scheduler process of a --disaggregation-mode prefill or decode server (tp 1, no dp):
+    SchedulerMetricsCollector(labels) then log_stats(stats). Each mode's log_*_stats sets only
+    its own queues; log_stats writes all four, the other mode's at SchedulerStats' default 0."""
+
+    def run():
+        from prometheus_client import Gauge
+
+        # labels as the scheduler builds them; engine_type is DisaggregationMode.to_engine_type(mode)
+        labels = {
+            "model_name": SGLANG_MODEL,
+            "engine_type": engine_type,
+            "tp_rank": 0,
+            "pp_rank": 0,
+            "moe_ep_rank": 0,
+        }
+
+        def gauge(name, documentation):
+            return Gauge(
+                name=name,
+                documentation=documentation,
+                labelnames=labels.keys(),
+                multiprocess_mode="mostrecent",
+            )
+
+        num_running_reqs = gauge("sglang:num_running_reqs", "The number of running requests.")
+        token_usage = gauge("sglang:token_usage", "The token usage.")
+        gen_throughput = gauge("sglang:gen_throughput", "The generation throughput (token/s).")
+        num_queue_reqs = gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
+        num_grammar_queue_reqs = gauge(
+            "sglang:num_grammar_queue_reqs", "The number of requests in the grammar waiting queue."
+        )
+        max_total_num_tokens = gauge(
+            "sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool."
+        )
+        num_prefill_prealloc_queue_reqs = gauge(
+            "sglang:num_prefill_prealloc_queue_reqs", "The number of requests in the prefill prealloc queue."
+        )
+        num_prefill_inflight_queue_reqs = gauge(
+            "sglang:num_prefill_inflight_queue_reqs", "The number of requests in the prefill inflight queue."
+        )
+        num_decode_prealloc_queue_reqs = gauge(
+            "sglang:num_decode_prealloc_queue_reqs", "The number of requests in the decode prealloc queue."
+        )
+        num_decode_transfer_queue_reqs = gauge(
+            "sglang:num_decode_transfer_queue_reqs", "The number of requests in the decode transfer queue."
+        )
+
+        def log_gauge(g, data):
+            g.labels(**labels).set(data)
+
+        # log_stats(stats), the lines for the names above, in its order
+        log_gauge(num_running_reqs, stats["num_running_reqs"])
+        log_gauge(token_usage, stats["token_usage"])
+        log_gauge(gen_throughput, stats.get("gen_throughput", 0.0))
+        log_gauge(num_queue_reqs, stats["num_queue_reqs"])
+        log_gauge(num_grammar_queue_reqs, 0)
+        log_gauge(max_total_num_tokens, stats["max_total_num_tokens"])
+        log_gauge(num_prefill_prealloc_queue_reqs, stats.get("num_prefill_prealloc_queue_reqs", 0))
+        log_gauge(num_prefill_inflight_queue_reqs, stats.get("num_prefill_inflight_queue_reqs", 0))
+        log_gauge(num_decode_prealloc_queue_reqs, stats.get("num_decode_prealloc_queue_reqs", 0))
+        log_gauge(num_decode_transfer_queue_reqs, stats.get("num_decode_transfer_queue_reqs", 0))
+
+    return run
+
+
+def sglang_pd_prefill():
+    # log_prefill_stats: running batch, waiting queue, bootstrap queue (requests whose decode
+    # server has not yet taken the KV transfer on) and inflight queue (prefilled, KV being sent)
+    stats = {
+        "num_running_reqs": 3,
+        "num_queue_reqs": 4,
+        "num_prefill_prealloc_queue_reqs": 6,
+        "num_prefill_inflight_queue_reqs": 9,
+        "token_usage": 0.25,
+        "max_total_num_tokens": 262144,
+    }
+    return render([(4401, sglang_pd_scheduler(engine_type="prefill", stats=stats))])
+
+
+def sglang_pd_decode():
+    # log_decode_stats: running batch, waiting queue (KV received), prealloc queue (waiting for
+    # this server's KV memory) and transfer queue (memory held, KV arriving)
+    stats = {
+        "num_running_reqs": 48,
+        "num_queue_reqs": 2,
+        "num_decode_prealloc_queue_reqs": 5,
+        "num_decode_transfer_queue_reqs": 7,
+        "token_usage": 0.75,
+        "gen_throughput": 1530.5,
+        "max_total_num_tokens": 524288,
+    }
+    return render([(4501, sglang_pd_scheduler(engine_type="decode", stats=stats))])
+
+
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
     pages = {
@@ -386,6 +502,8 @@ def main():
         "sglang-priority.txt": sglang_priority(),
         "sglang-all-schedulers.txt": sglang_all_schedulers(),
         "sglang-expert-parallel.txt": sglang_expert_parallel(),
+        "sglang-pd-prefill.txt": sglang_pd_prefill(),
+        "sglang-pd-decode.txt": sglang_pd_decode(),
     }
     for name, page in pages.items():
         (OUT / name).write_text(page)
