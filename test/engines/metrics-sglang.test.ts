@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
 import { test } from 'node:test';
 import { MAX_ENGINE_REQUESTS } from '../../src/core/worker-registry.js';
 import { readEngineLoad, readKvCapacityTokens } from '../../src/engines/metrics/prometheus.js';
@@ -14,6 +15,9 @@ const rank = (dp: string | undefined, running: number, waiting: number, usage: n
     `sglang:token_usage{${labels(dp)}} ${usage}`,
     ...(capacity === undefined ? [] : [`sglang:max_total_num_tokens{${labels(dp)}} ${capacity}.0`]),
   ].join('\n');
+
+/** A page scripts/gen-metrics-fixtures.py rendered with prometheus_client, as the engine renders it. */
+const fixture = (name: string): string => readFileSync(new URL(`../fixtures/metrics/${name}`, import.meta.url), 'utf8');
 
 const DP2 = `${rank('0', 1, 0, 0.1, 100000)}\n${rank('1', 30, 40, 0.9, 80000)}\n`;
 
@@ -92,6 +96,24 @@ test("SGLang's requests waiting for their grammar count as waiting beside its wa
   const bad = readEngineLoad(`${rank(undefined, 0, 0, 0)}\n${grammar(undefined, -1)}\n`);
   assert.equal(bad.outOfRange, 'sglang:num_grammar_queue_reqs');
   assert.equal(bad.waiting, MAX_ENGINE_REQUESTS);
+});
+
+test("SGLang's disaggregation pages as a prefill and a decode server render them: the queues that wait on the server count as waiting", () => {
+  // --disaggregation-mode prefill: bootstrap (prealloc) queue 6, waiting queue 4, inflight 9 whose
+  // KV is being sent; the scheduler writes the decode queues too, at 0
+  const prefill = fixture('sglang-pd-prefill.txt');
+  assert.match(prefill, /^sglang:num_prefill_inflight_queue_reqs\{engine_type="prefill",[^}]*\} 9\.0$/m);
+  assert.match(prefill, /^sglang:num_decode_transfer_queue_reqs\{engine_type="prefill",[^}]*\} 0\.0$/m);
+  assert.deepEqual(readEngineLoad(prefill), { running: 3, waiting: 6 + 4, kvUsage: 0.25, kvCapacityTokens: 262144 });
+  // --disaggregation-mode decode: prealloc queue 5, transfer queue 7, waiting queue 2, 48 running
+  const decode = fixture('sglang-pd-decode.txt');
+  assert.match(decode, /^sglang:num_prefill_prealloc_queue_reqs\{engine_type="decode",[^}]*\} 0\.0$/m);
+  assert.deepEqual(readEngineLoad(decode), {
+    running: 48,
+    waiting: 5 + 7 + 2,
+    kvUsage: 0.75,
+    kvCapacityTokens: 524288,
+  });
 });
 
 test("SGLang's disaggregation queues that wait on the server count as waiting; the prefill inflight queue does not", () => {
