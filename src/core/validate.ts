@@ -13,6 +13,18 @@ export function isId(value: unknown): value is string {
   return typeof value === 'string' && value.length > 0;
 }
 
+/** A 64-bit hash as hashHex() spells it: 16 lowercase hex digits. */
+export function isHashHex(value: unknown): value is string {
+  return typeof value === 'string' && /^[0-9a-f]{16}$/.test(value);
+}
+
+/** A 64-bit hash as hashHex() spells it, or the field left out. */
+export function optionalHashHex(value: unknown, name: string): string | undefined {
+  if (value === undefined || isHashHex(value)) return value;
+  if (typeof value !== 'string') throw new TypeError(`${name} must be a string, got ${typeName(value)}`);
+  throw new RangeError(`${name} must be 16 lowercase hex digits, got ${value.length} characters`);
+}
+
 export function requireId(value: unknown, name: string): string {
   if (isId(value)) return value;
   if (typeof value !== 'string') throw new TypeError(`${name} must be a string, got ${typeName(value)}`);

@@ -681,6 +681,7 @@ export class ClusterStateStore implements StateStore {
       anchor: m.a,
       claGroup: m.c ?? null,
       contentAnchors: m.ca,
+      anchorNamespace: m.ns,
       id: decisionIdOf(m),
     });
     if (applied) this.counters.decisionsApplied++;

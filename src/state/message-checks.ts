@@ -6,7 +6,7 @@
  * decision's id), so each shape below is checked on either; a message that fails one is
  * counted among the malformed and dropped. No I/O here.
  */
-import { isId, isWorkerId } from '../core/validate.js';
+import { isHashHex, isId, isWorkerId } from '../core/validate.js';
 import { isRemoteAmount } from './remote-load.js';
 import type { WorkerRecord } from './state-store.js';
 
@@ -66,6 +66,7 @@ export const DECIDED: Shape = {
   a: optional(isId),
   c: (v) => v === undefined || v === null || isCount(v),
   ca: optional(isContentAnchors),
+  ns: optional(isHashHex),
 };
 /** A tracked request's prefill done: its tokens move from queued prefill to decode. */
 export const PREFILLED: Shape = { r: isText, w: isWorkerId, q: isRemoteAmount, d: isRemoteAmount, i: optional(isText) };

@@ -1906,6 +1906,7 @@ export class RedisStateStore implements StateStore {
         anchor: msg.a,
         claGroup: msg.c ?? null,
         contentAnchors: msg.ca,
+        anchorNamespace: msg.ns,
         id: decisionIdOf(msg),
       },
       now,

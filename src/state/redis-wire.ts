@@ -48,9 +48,12 @@ export interface WireDecision extends DecisionFields {
  * ignores it (counting it among its malformed messages). 7 added the `workflows` index (sorted
  * set id → last use) that bounds the `wf:{id}` keys and that a starting replica loads the newest
  * of: a version-6 replica neither writes nor reads it, so the keys it writes stay outside the
- * bound until they expire, and it still scans every `wf:` key when it starts.
+ * bound until they expire, and it still scans every `wf:` key when it starts. 8 added `ns` on
+ * `d`, the namespace a decision's content anchors were made under: a version-7 replica ignores
+ * it and keys them by id alone, as it keys its own; a decision from one comes without it, and
+ * its anchors are taken as made under the CLA group `c` it names (none when it names none).
  */
-export const STATE_WIRE_VERSION = 7;
+export const STATE_WIRE_VERSION = 8;
 
 /** A tracked request's prefill finished (its first token): its tokens move from queued prefill to decode. */
 export interface WirePrefilled {
@@ -174,6 +177,11 @@ export interface DecisionFields {
   a?: string;
   c?: number | null;
   ca?: ContentAnchor[];
+  /**
+   * The namespace `ca` was made under (SharedDecision.anchorNamespace, 16 hex digits; version
+   * 8): without it, as from an earlier replica, the anchors are taken as made under `c` alone.
+   */
+  ns?: string;
   /** Present when the request counts as in-flight: its uncached prompt tokens. */
   q?: number;
   /** The decision's id (SharedDecision.id), which its prefill-done, release and refusal name. */
@@ -190,8 +198,10 @@ export function writeDecisionFields(d: SharedDecision, m: DecisionFields): void 
     m.a = d.anchor;
     m.c = d.claGroup;
   }
-  if (d.contentAnchors && d.contentAnchors.length > 0)
+  if (d.contentAnchors && d.contentAnchors.length > 0) {
     m.ca = d.contentAnchors.map((a) => ({ id: a.id, tokens: a.tokens }));
+    if (d.anchorNamespace !== undefined) m.ns = d.anchorNamespace;
+  }
   if (d.tracked) m.q = d.prefillTokens;
   if (d.id !== undefined) m.i = d.id;
 }
@@ -274,7 +284,7 @@ export const MAX_OTHER_MESSAGE_BYTES = 8 * 1024 * 1024;
  * Bytes of a decision's fields beside its blocks, at most, rounded up: its replica id and worker
  * (256 code units each), its workflow, anchor and decision ids, and its content anchors (the
  * gateway's defaults: 128 anchors of ids of at most 256 bytes, ≤ 1,536 escaped, with a token
- * count: about 200 KB). 1 MiB leaves room for those limits raised fivefold.
+ * count, and their namespace: about 200 KB). 1 MiB leaves room for those limits raised fivefold.
  */
 export const MAX_DECISION_FIELDS_BYTES = 1024 * 1024;
 

@@ -8,17 +8,18 @@ import { ContentAnchorIndex } from '../../src/core/content-anchors.js';
 import { KVAwareRouter } from '../../src/index.js';
 
 test('anchors whose holders have all expired leave the table as others are recorded', () => {
+  const ns = new Uint32Array(2); // one namespace for all
   const index = new ContentAnchorIndex(100, 1000);
-  index.record(0, [{ id: 'a', tokens: 10 }], 0);
-  index.record(1, [{ id: 'b', tokens: 10 }], 0);
-  index.record(0, [{ id: 'kept', tokens: 10 }], 500);
+  index.record(0, [{ id: 'a', tokens: 10 }], ns, 0);
+  index.record(1, [{ id: 'b', tokens: 10 }], ns, 0);
+  index.record(0, [{ id: 'kept', tokens: 10 }], ns, 500);
   assert.equal(index.size, 3);
   // a and b expired at 1000; kept holds until 1500
-  index.record(2, [{ id: 'c', tokens: 10 }], 1200);
+  index.record(2, [{ id: 'c', tokens: 10 }], ns, 1200);
   assert.equal(index.size, 2);
-  assert.equal(index.heldTokens(0, [{ id: 'kept', tokens: 10 }], 1200), 10);
+  assert.equal(index.heldTokens(0, [{ id: 'kept', tokens: 10 }], ns, 1200), 10);
   assert.equal(index.evictions, 0, 'expiry is no eviction');
-  index.record(2, [{ id: 'd', tokens: 10 }], 5000);
+  index.record(2, [{ id: 'd', tokens: 10 }], ns, 5000);
   assert.equal(index.size, 1);
 });
 

@@ -10,6 +10,7 @@ import {
 } from '../helpers/route-path-allocation.js';
 import type { Candidate, RouteFeatures } from '../../src/core/policies/types.js';
 import { WorkerState } from '../../src/core/worker-registry.js';
+import { ContentAnchorIndex } from '../../src/core/content-anchors.js';
 import { chainRoot, fmix32, mixIntoChain } from '../../src/core/hashing.js';
 import { InFlightTickets } from '../../src/core/router/in-flight.js';
 import { createRng } from '../../src/core/rng.js';
@@ -170,8 +171,16 @@ describe('route path allocation', () => {
     const requests = Array.from({ length: 16 }, (_, k) =>
       Uint32Array.from({ length: 2048 }, (_, i) => (i < 1024 ? i : i * 7 + k * 13) >>> 0),
     );
-    const plain = { tokens: requests[0] };
-    const namespaced = { tokens: requests[0], lora: 'adapter-a', cacheSalt: 'tenant-1', claGroup: 12345 };
+    // content anchors are keyed under the namespace too (the chain's root, two numbers)
+    const contentAnchors = Array.from({ length: 8 }, (_, i) => ({ id: `passage-${i}`, tokens: 64 }));
+    const plain = { tokens: requests[0], contentAnchors };
+    const namespaced = {
+      tokens: requests[0],
+      contentAnchors,
+      lora: 'adapter-a',
+      cacheSalt: 'tenant-1',
+      claGroup: 12345,
+    };
     const run = (request: { tokens: Uint32Array }) =>
       bytesPerCall(2000, (i) => {
         now += 1;
@@ -192,8 +201,21 @@ describe('route path allocation', () => {
     );
     const extra = namespacedLeast - plainLeast;
     // 'lora:adapter-a', 'salt:tenant-1', '12345' and 'cla:12345' built, and a pair per field
-    // returned, would be well over 100 bytes
+    // returned, would be well over 100 bytes; a key built per content anchor, 8 × 40 and more
     assert.ok(extra < 16, `${extra.toFixed(1)} more bytes per decision with a namespace`);
+  });
+
+  test('recording content anchors the worker holds already allocates nothing', () => {
+    const index = new ContentAnchorIndex(1000, 600_000);
+    const anchors = Array.from({ length: 8 }, (_, i) => ({ id: `passage-${i}`, tokens: 64 }));
+    const ns = new Uint32Array(2);
+    chainRoot({ lora: 'adapter-a', claGroup: 3 }, ns);
+    let now = 0;
+    for (let slot = 0; slot < 4; slot++) index.record(slot, anchors, ns, now);
+    // the anchors recorded longest ago are looked at only once they may have expired
+    const bytes = steadyBytesPerCall(5000, (i) => index.record(i % 4, anchors, ns, ++now), 8);
+    assert.ok(bytes < 8, `${bytes.toFixed(1)} bytes per record() of 8 anchors held`);
+    assert.equal(index.heldTokens(3, anchors, ns, now), 8 * 64);
   });
 
   test('the namespace mixes as its label and value joined would, for every kind of value', () => {

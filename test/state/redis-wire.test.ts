@@ -10,6 +10,7 @@ import {
   encodeRefused,
   encodeReleased,
   encodeWorkflow,
+  isWellFormed,
   MAX_DECISION_FIELDS_BYTES,
   MAX_OTHER_MESSAGE_BYTES,
   maxMessageBytes,
@@ -86,10 +87,24 @@ test('version 4: a replica back from an outage says what it holds; earlier repli
 });
 
 test('version 5: drains and posted KV events are shared; earlier replicas ignore both', () => {
-  assert.equal(STATE_WIRE_VERSION, 7);
+  assert.equal(STATE_WIRE_VERSION, 8);
   // a version-4 replica reads kinds as version 2 did, plus rf and ld: dr and ev are neither
   assert.equal(actionOfVersion2(wire({ r: 'r1', k: 'dr', id: 'e0', on: true })), 'ignored');
   assert.equal(actionOfVersion2(wire({ r: 'r1', k: 'ev', w: 'e0', e: [{ type: 'AllBlocksCleared' }] })), 'ignored');
+});
+
+test("version 8: a decision's content anchors carry their namespace; an earlier replica reads it as before", () => {
+  const anchored = { ...decision, contentAnchors: [{ id: 'doc', tokens: 90 }], anchorNamespace: '0123456789abcdef' };
+  const m = encodeDecision('r1', anchored);
+  assert.equal(m.ns, '0123456789abcdef');
+  assert.ok(isWellFormed(m));
+  // a version-7 replica reads decisions as version 2 did, with the fields it knows: ns is none
+  const { anchorNamespace: _, ...without } = anchored;
+  assert.equal(encodeDecision('r1', without).ns, undefined);
+  assert.equal(actionOfVersion2(wire(m)), actionOfVersion2(wire(encodeDecision('r1', without))));
+  // no anchors, no namespace
+  assert.equal(encodeDecision('r1', { ...decision, anchorNamespace: '0123456789abcdef' }).ns, undefined);
+  for (const ns of ['0123', '0123456789ABCDEF', 12, null]) assert.equal(isWellFormed({ ...m, ns } as never), false);
 });
 
 test('a workflow value names its worker by the id rule the router takes (isWorkerId), or reads as none', () => {
@@ -130,6 +145,7 @@ test("the bound holds the longest prompt's decision, with every other field at i
       claGroup: 2 ** 31,
       // 128 content anchors of 256-byte ids, each escaped to 6 bytes a character
       contentAnchors: Array.from({ length: 128 }, (_, i) => ({ id: `${i}`.padEnd(256, '\u0001'), tokens: 2 ** 40 })),
+      anchorNamespace: 'f'.repeat(16),
       prefillTokens: 2 ** 40,
       id: 'i'.repeat(256),
     };

@@ -44,7 +44,8 @@ export class CandidateCollector {
    * Available workers (registered, not draining, healthy) in registration order, with their
    * features; an unhealthy one too when it is in `panic` (panic routing), never a draining one;
    * with `only`, that worker alone, available or not (the one already serving the request). `overlap` is the index lookup for the request's blocks (all zeros when
-   * locality is off); `tokensPerBlock` 0 means the router's block size. The returned list and
+   * locality is off); `tokensPerBlock` 0 means the router's block size; `anchorNamespace` the
+   * (hi, lo) the content anchors are keyed under (RouteFields.anchorNamespace). The returned list and
    * its objects are overwritten by the next call. Positional arguments: this runs on every
    * route() and allocates nothing once the list has grown to the fleet's size.
    */
@@ -56,6 +57,7 @@ export class CandidateCollector {
     promptTokens: number,
     workflowId: string | undefined,
     contentAnchors: readonly ContentAnchor[] | undefined,
+    anchorNamespace: Uint32Array,
     isolated: boolean,
     now: number,
     exclude: ReadonlySet<string> | undefined,
@@ -92,7 +94,7 @@ export class CandidateCollector {
       const overlapBlocks = slot < o.blocks.length ? o.blocks[slot] : 0;
       const offloadBlocks = overlapBlocks > 0 ? o.offloadBlocks[slot] : 0;
       const predictedBlocks = overlapBlocks > 0 ? o.predictedBlocks[slot] : 0;
-      const anchorTokens = scoreAnchors ? contentIndex.heldTokens(slot, contentAnchors, now) : 0;
+      const anchorTokens = scoreAnchors ? contentIndex.heldTokens(slot, contentAnchors, anchorNamespace, now) : 0;
       const credit =
         overlapBlocks -
         offloadBlocks -

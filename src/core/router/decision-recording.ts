@@ -8,13 +8,16 @@
 import type { AnchorTable } from '../anchor-table.js';
 import type { BlockIndex } from '../block-index.js';
 import type { ContentAnchor, ContentAnchorIndex } from '../content-anchors.js';
-import type { BlockHashes } from '../hashing.js';
+import { chainRoot, hashHex, type BlockHashes } from '../hashing.js';
 import type { WorkflowTable } from '../workflow-table.js';
 import type { WorkerState } from '../worker-registry.js';
 import type { PrefixLookup } from './prefix-lookup.js';
 import type { RouteFields } from './request-fields.js';
 import type { IndexMode, SharedDecision } from './types.js';
 import type { WithdrawablePredictions } from './withdrawable.js';
+
+/** A shared decision's anchor namespace, read into (hi, lo). */
+const sharedNamespace = new Uint32Array(2);
 
 /** The router state a decision is recorded in. */
 export interface DecisionSinks {
@@ -100,7 +103,7 @@ export class DecisionRecorder {
         this.sinks.withdrawable.claim(worker, recorded.hi, recorded.lo, end);
       }
       if (fields.contentAnchors && fields.contentAnchors.length > 0)
-        this.sinks.contentAnchors.record(worker.slot, fields.contentAnchors, now);
+        this.sinks.contentAnchors.record(worker.slot, fields.contentAnchors, fields.anchorNamespace, now);
     }
     this.keys = recorded;
     this.start = start;
@@ -152,6 +155,10 @@ export class DecisionRecorder {
       anchor: fields.isolated ? undefined : fields.anchor,
       claGroup: fields.claGroup,
       contentAnchors: fields.isolated ? undefined : fields.contentAnchors,
+      anchorNamespace:
+        fields.isolated || !fields.contentAnchors || fields.contentAnchors.length === 0
+          ? undefined
+          : hashHex(fields.anchorNamespace[0], fields.anchorNamespace[1]),
       prefillTokens,
       decodeTokens,
       tracked,
@@ -176,9 +183,15 @@ export class DecisionRecorder {
       // nothing, and a refusal here withdraws at most a short-lived speculative stretch)
       this.sinks.withdrawable.claim(worker, d.hi, d.lo, d.hi.length);
     }
-    if (d.contentAnchors && d.contentAnchors.length > 0)
+    if (d.contentAnchors && d.contentAnchors.length > 0) {
       // checked as the decision was (checkSharedDecision)
-      this.sinks.contentAnchors.record(worker.slot, d.contentAnchors as ContentAnchor[], now);
+      const ns = sharedNamespace;
+      if (d.anchorNamespace !== undefined) {
+        ns[0] = Number.parseInt(d.anchorNamespace.slice(0, 8), 16);
+        ns[1] = Number.parseInt(d.anchorNamespace.slice(8), 16);
+      } else chainRoot({ claGroup: d.claGroup }, ns); // all a decision of an earlier release says of it
+      this.sinks.contentAnchors.record(worker.slot, d.contentAnchors as ContentAnchor[], ns, now);
+    }
     if (d.anchor !== undefined) this.sinks.anchors.home(d.anchor, worker.id, d.claGroup);
     if (d.workflowId !== undefined) this.sinks.workflows.record(d.workflowId, worker.id, d.workflowStep);
   }

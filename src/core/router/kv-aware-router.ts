@@ -7,7 +7,7 @@ import { AnchorTable, MAX_ANCHOR_BLOCK_IDS } from '../anchor-table.js';
 import type { BlockKeying } from '../block-keying.js';
 import { BlockIndex, Tier } from '../block-index.js';
 import { ContentAnchorIndex } from '../content-anchors.js';
-import { BlockHashes, hashString32, type HashNamespace } from '../hashing.js';
+import { BlockHashes, chainRoot, hashString32, type HashNamespace } from '../hashing.js';
 import type { CostWeights } from '../policies/index.js';
 import { checkChoice, choiceError } from '../policies/policy-object.js';
 import type { Candidate, PolicyChoice, RouteFeatures, RouteReason, RoutingPolicy } from '../policies/types.js';
@@ -424,6 +424,8 @@ export class KVAwareRouter {
     ns.lora = check.optionalBoundedId(request.lora, 'lora', this.maxIdBytes) ?? null;
     ns.cacheSalt = cacheSalt ?? null;
     ns.claGroup = claGroup;
+    // content anchors are keyed under the namespace the prefix blocks are: its chain's root
+    if (fields.contentAnchors !== undefined && fields.contentAnchors.length > 0) chainRoot(ns, fields.anchorNamespace);
     // a token list past the longest prompt is refused before it is hashed (as it would be after):
     // hashing a billion-long list would take the memory and the time the bound is there to spare
     // (a text or chat past it is refused in hashRequest, before it is encoded and hashed)
@@ -466,6 +468,7 @@ export class KVAwareRouter {
       promptTokens,
       workflowId,
       fields.contentAnchors,
+      fields.anchorNamespace,
       isolated,
       now,
       options.exclude,
@@ -1048,6 +1051,7 @@ const SHARED_DECISION_KEYS = check.keySet<SharedDecision>({
   anchor: true,
   claGroup: true,
   contentAnchors: true,
+  anchorNamespace: true,
   prefillTokens: true,
   decodeTokens: true,
   tracked: true,
@@ -1124,6 +1128,7 @@ function checkSharedDecision(
   check.optionalBoundedId(d.anchor, 'anchor', maxIdBytes);
   check.optionalNonNegativeInt(d.claGroup, 'claGroup');
   if (d.contentAnchors !== undefined) checkContentAnchors(d.contentAnchors, maxIdBytes, maxAnchors);
+  check.optionalHashHex(d.anchorNamespace, 'anchorNamespace');
   check.optionalId(d.id, 'id');
 }
 

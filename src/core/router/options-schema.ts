@@ -176,7 +176,7 @@ export const ROUTER_SETTINGS_HELP: Readonly<Record<keyof RouterSettings, string>
   speculativeBlocks: 'precise mode: blocks recorded past what the chosen worker already holds',
   offloadCredit: 'credit of an offloaded (CPU/disk) block relative to a GPU block, from 0 to 1',
   predictedCredit: "credit of a block known only from the router's own prediction, from 0 to 1",
-  contentAnchorCapacity: 'most content anchors remembered',
+  contentAnchorCapacity: 'most content anchors remembered, each (anchor, namespace) once',
   contentAnchorTtlMs: 'how long a content anchor stays recorded on a worker',
   judgeRoles: "agent roles that never reuse other requests' KV (judges)",
   instanceId: "distinguishes this router's isolation salts from other replicas' (default random)",

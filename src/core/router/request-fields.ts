@@ -13,6 +13,11 @@ export class RouteFields {
   workflowId: string | undefined = undefined;
   anchor: string | undefined = undefined;
   contentAnchors: ContentAnchor[] | undefined = undefined;
+  /**
+   * The namespace the content anchors are keyed under: the root (hi, lo) of the request's
+   * block chain (hashing.ts chainRoot()), set by route() once the namespace is known.
+   */
+  readonly anchorNamespace = new Uint32Array(2);
   /** Never reuse other requests' KV (asked for, or the agent role is a judge's). */
   isolated = false;
 }

@@ -108,6 +108,14 @@ export interface SharedDecision {
   anchor?: string;
   claGroup: number | null;
   contentAnchors?: readonly ContentAnchor[];
+  /**
+   * The namespace the content anchors were made under (LoRA adapter, cache salt, CLA group), as
+   * 16 hex digits: the root of the request's block chain (hashing.ts chainRoot(), spelt by
+   * hashHex()), so every replica keys them as the deciding one did. Present with content
+   * anchors; left out (a decision of an earlier release), they are taken as made under
+   * `claGroup` alone.
+   */
+  anchorNamespace?: string;
   /** Uncached prompt tokens the decision queued on the worker (0 when not tracked). */
   prefillTokens: number;
   /** KV tokens the request holds on the worker once its prefill is done (0 when not tracked). */
