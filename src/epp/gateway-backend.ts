@@ -20,6 +20,8 @@ export function gatewayRoutingBackend(gateway: Gateway): RoutingBackend {
       }
     },
     workersWithoutModel: (model) => connections.withoutModel(model),
+    workersWithoutRoom: (without, model, promptTokens, outputTokens) =>
+      connections.withoutRoom(without, model, promptTokens, outputTokens),
     prepare: (path, body, headers) => gateway.parseRequest(path, { body, headers }),
   };
 }

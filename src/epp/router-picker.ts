@@ -22,6 +22,7 @@ import {
   checkRequestLimits,
   deleteRemovedFields,
   removedFieldsIn,
+  requestedOutputTokens,
   RequestLimitError,
   type RequestLimits,
 } from '../server/request-limits.js';
@@ -95,6 +96,17 @@ export interface RoutingBackend {
   workers(): Iterable<{ id: string; url: string; rank?: number | null }>;
   /** Workers that list their models, `model` not among them. */
   workersWithoutModel(model: unknown): ReadonlySet<string>;
+  /**
+   * `without` and the workers whose engines' context length is too short for a prompt of
+   * `promptTokens` asking for `outputTokens` of `model`, when another worker may take it
+   * (WorkerConnections.withoutRoom); `without` itself when none is left out. Absent: none is.
+   */
+  workersWithoutRoom?(
+    without: ReadonlySet<string>,
+    model: unknown,
+    promptTokens: number | undefined,
+    outputTokens: number | undefined,
+  ): ReadonlySet<string>;
   /**
    * Reads an OpenAI body (parsed JSON) and its headers as the gateway does, token ids included
    * when the gateway tokenizes; a RequestRejection for a malformed request. `/generate`: SGLang's
@@ -446,6 +458,16 @@ export class RouterPicker implements EndpointPicker {
         if (excluded.size === this.endpointOfWorker.size) return outsideSubset(input.subsetProblem);
       }
       if (modelNarrows) for (const id of this.backend.workersWithoutModel(model)) excluded.add(id);
+    }
+    // an engine whose context is too short for the prompt is left out when another can take it
+    if (modelNarrows && this.backend.workersWithoutRoom !== undefined && routeRequest.tokens !== undefined) {
+      const withoutRoom = this.backend.workersWithoutRoom(
+        excluded,
+        model,
+        routeRequest.tokens.length,
+        requestedOutputTokens(preparedBody ?? {}),
+      );
+      if (withoutRoom !== excluded) for (const id of withoutRoom) excluded.add(id);
     }
     let decision: RouteResult;
     /** The workers the request was panic-routed over, when it was: its fallbacks may be among them too. */
