@@ -83,6 +83,12 @@ export interface ForwardOptions {
    * rotation moves it only to one whose engine lists the model (WorkerConnections.notListing).
    */
   listedOnly?: boolean;
+  /**
+   * The prompt's token count, when known, and the output tokens it asks for: a worker leaving
+   * rotation moves it only to one whose engine's context takes it (WorkerConnections.withoutRoom).
+   */
+  promptTokens?: number;
+  outputTokens?: number;
   /** No retry is left after this attempt: a worker leaving rotation keeps the request. */
   lastAttempt: boolean;
   /** The client asked for a stream. */
@@ -794,6 +800,14 @@ class Attempt implements Dispatcher.DispatchHandler, UnansweredRequest {
 
   get failedWorkers(): ReadonlySet<string> {
     return this.o.failedWorkers;
+  }
+
+  get promptTokens(): number | undefined {
+    return this.o.promptTokens;
+  }
+
+  get outputTokens(): number | undefined {
+    return this.o.outputTokens;
   }
 
   get listedOnly(): boolean {

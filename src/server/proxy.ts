@@ -390,6 +390,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         model,
         failedWorkers: failedWorkers ?? NO_WORKERS,
         listedOnly,
+        promptTokens,
+        outputTokens,
         lastAttempt: attempt >= maxRetries,
         streaming,
         includeUsage,

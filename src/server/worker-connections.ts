@@ -109,6 +109,12 @@ export interface UnansweredRequest {
    * worker whose engine lists its model (notListing() read then), as its retries go.
    */
   readonly listedOnly: boolean;
+  /**
+   * Its prompt's token count when known, and the output tokens it asks for: it moves only to a
+   * worker whose engine's context takes it (withoutRoom()).
+   */
+  readonly promptTokens: number | undefined;
+  readonly outputTokens: number | undefined;
   /** No retry is left: moved, it would fail at once, where the engine may still answer it. */
   readonly lastAttempt: boolean;
   /** Gives the attempt up so the request goes to another worker (outcome 'worker-out'). */
@@ -491,7 +497,13 @@ export class WorkerConnections {
     const ranks = this.routerIdsOf(c.workerId);
     for (const req of [...c.unanswered]) {
       if (req.lastAttempt) continue;
-      const notServing = req.listedOnly ? this.notListing(req.model) : this.withoutModel(req.model);
+      const notServing = this.withoutRoom(
+        req.listedOnly ? this.notListing(req.model) : this.withoutModel(req.model),
+        req.model,
+        req.promptTokens,
+        req.outputTokens,
+        true,
+      );
       if (movable(workers, notServing, ranks, req.failedWorkers)) req.workerOut();
     }
   }
@@ -993,21 +1005,23 @@ export class WorkerConnections {
   }
 
   /**
-   * `without` and the workers in rotation whose engines list a context length for `model` too
-   * short for the request (exceedsContext: `promptTokens` at or past it, or `maxTokens` not
-   * fitting in what is left), when a worker in rotation outside them may take it: one whose
-   * engine lists a longer context, or none. In a fleet whose engines were started with different
-   * --max-model-len (GPUs of several sizes serving one model) a long prompt goes to one that
-   * takes it, not to one that answers it 400. When none in rotation would, `without` is
-   * answered, and the engine's 400 says why to the client. Without the prompt's token count
-   * (token ids not known before routing) nothing is left out; a prompt shorter than every
-   * listed context costs one comparison.
+   * `without` and the workers whose engines list a context length for `model` too short for the
+   * request (exceedsContext: `promptTokens` at or past it, or `maxTokens` not fitting in what is
+   * left), when a worker in rotation outside them may take it: one whose engine lists a longer
+   * context, or none. In a fleet whose engines were started with different --max-model-len (GPUs
+   * of several sizes serving one model) a long prompt goes to one that takes it, not to one that
+   * answers it 400. When none in rotation would, `without` is answered, and the engine's 400 says
+   * why to the client; with `evenWhenNoneLeft` (a request kept on a worker out of rotation, whose
+   * engine may still answer it, deciding whether to move) the short ones are left out even then.
+   * Without the prompt's token count (token ids not known before routing) nothing is left out; a
+   * prompt shorter than every listed context costs one comparison.
    */
   withoutRoom(
     without: ReadonlySet<string>,
     model: unknown,
     promptTokens: number | undefined,
     maxTokens: number | undefined,
+    evenWhenNoneLeft = false,
   ): ReadonlySet<string> {
     if (promptTokens === undefined || typeof model !== 'string') return without;
     const shortest = (this.shortestContext ??= this.findShortestContext());
@@ -1021,7 +1035,7 @@ export class WorkerConnections {
         (tooShort ??= new Set(without)).add(w.id);
       else if (w.available) roomLeft = true;
     }
-    return tooShort !== undefined && roomLeft ? tooShort : without;
+    return tooShort !== undefined && (roomLeft || evenWhenNoneLeft) ? tooShort : without;
   }
 
   private findShortestContext(): number {

@@ -26,19 +26,23 @@ export function quietConnections(): { router: KVAwareRouter; health: WorkerHealt
 /**
  * Puts a request for `model` unanswered on worker `id` (a stand-in: no connection carries it);
  * returns how many times it has been told to move since. `listedOnly`: it was retried after an
- * engine's model-not-found 404 (UnansweredRequest.listedOnly).
+ * engine's model-not-found 404 (UnansweredRequest.listedOnly); `promptTokens`: its prompt's token
+ * count, known (UnansweredRequest.promptTokens).
  */
 export function keptRequest(
   connections: WorkerConnections,
   id: string,
   model: string | undefined,
   listedOnly = false,
+  promptTokens?: number,
 ): () => number {
   let moved = 0;
   connections.get(id)!.unanswered.add({
     model,
     failedWorkers: new Set(),
     listedOnly,
+    promptTokens,
+    outputTokens: undefined,
     lastAttempt: false,
     workerOut: () => moved++,
   });

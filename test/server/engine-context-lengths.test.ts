@@ -10,6 +10,7 @@ import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { fakeEngine, type FakeEngine } from '../faults/harness.js';
 import { until } from '../helpers/wait.js';
+import { keptRequest, quietConnections } from '../helpers/worker-connections.js';
 
 /** Prompts as token ids: the gateway knows their length before it routes them. */
 const prompt = (tokens: number, family = 1) => Array.from({ length: tokens }, (_, i) => family * 100_000 + i);
@@ -126,4 +127,31 @@ test('an engine that lists no context length, or one not in rotation, leaves not
   await until(() => gw.router.listWorkers().find((w) => w.id === 'unlisted')?.available === false, 'drained');
   const refused = await complete(url, { prompt: prompt(100, 9), max_tokens: 1 });
   assert.deepEqual([refused.status, refused.worker], [400, 'short'], refused.text);
+});
+
+test('a request kept on a worker out of rotation moves only to a worker whose engine takes its prompt', async (t) => {
+  /** An engine listing model m with context length `length`. */
+  const listing = (length: number) =>
+    fakeEngine((req, res) => {
+      req.resume();
+      res
+        .writeHead(200, { 'content-type': 'application/json' })
+        .end(JSON.stringify({ object: 'list', data: [{ id: 'm', max_model_len: length }] }));
+    });
+  const engines = [await listing(4096), await listing(64), await listing(4096)];
+  const { health, connections } = quietConnections();
+  t.after(async () => {
+    await connections.close();
+    for (const e of engines) await e.close();
+  });
+  ['holder', 'short', 'long'].forEach((id, i) => connections.add({ id, url: engines[i].url }));
+  for (const id of ['holder', 'short', 'long']) await connections.readAdapters(id);
+  health.set('long', 'health-check', false, 'HTTP 500');
+  const moved = keptRequest(connections, 'holder', 'm', false, 100);
+  const shortPrompt = keptRequest(connections, 'holder', 'm', false, 10);
+  health.set('holder', 'health-check', false, 'HTTP 500');
+  assert.equal(shortPrompt(), 1, 'a prompt the short engine takes moves there');
+  assert.equal(moved(), 0, 'kept: the one worker in rotation would refuse it as too long');
+  health.set('long', 'health-check', true);
+  assert.equal(moved(), 1, 'moved once a worker whose engine takes it is in rotation');
 });
