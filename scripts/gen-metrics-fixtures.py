@@ -50,6 +50,15 @@ Pages (what each must read as is in test/engines/metrics.test.ts):
       queues at 0. Later releases renamed the prefill gauge (016d8605:
       sglang:num_prefill_bootstrap_queue_reqs, "The number of requests in the prefill bootstrap
       queue."); these two pages are the release whose name is prealloc.
+  sglang-pd-prefill-priority.txt  SGLang prefill server, --disaggregation-mode prefill
+      --enable-metrics --enable-priority-scheduling, of release 016d8605
+      (python/sglang/srt/observability/metrics_collector.py SchedulerMetricsCollector.init_new,
+      log_stats and _log_gauge_queue_count; the scheduler's stats from
+      managers/scheduler_components/metrics_reporter.py, QueueCount.from_reqs): the bootstrap
+      queue is sglang:num_prefill_bootstrap_queue_reqs, and the four disaggregation queues are
+      written as num_queue_reqs is, a total under priority="" and each known priority's part
+      under priority="<n>"; the decode queues, never set on a prefill server, keep
+      SchedulerStats' default QueueCount() (total 0, no breakdown): their total only.
 
 Run: pip install prometheus_client && python3 scripts/gen-metrics-fixtures.py
 """
@@ -494,6 +503,112 @@ def sglang_pd_decode():
     return render([(4501, sglang_pd_scheduler(engine_type="decode", stats=stats))])
 
 
+# ---------------------------------------------------------------------------------------------
+# SGLang prefill-decode disaggregation with priority scheduling, metrics_collector.py at
+# 016d8605e45876180312e29d6988e1de06562472 (SchedulerMetricsCollector.init_new, log_stats,
+# _log_gauge_queue_count, emit_constants)
+# ---------------------------------------------------------------------------------------------
+
+
+def sglang_pd_priority_scheduler(*, engine_type, stats):
+    """One scheduler process of a --disaggregation-mode server with --enable-priority-scheduling
+    (tp 1, no dp): SchedulerMetricsCollector.init_new(...), emit_constants(...) at startup, then
+    log_stats(stats). stats: each queue count as (total, {priority: count} or None), the
+    QueueCount the scheduler hands over (None: SchedulerStats' default, never set by this mode)."""
+
+    def run():
+        from prometheus_client import Gauge
+
+        # init_new: labels, in this order; engine_type is DisaggregationMode.to_engine_type(mode)
+        labels = {
+            "model_name": SGLANG_MODEL,
+            "engine_type": engine_type,
+            "tp_rank": 0,
+            "pp_rank": 0,
+            "moe_ep_rank": 0,
+            "priority": "",
+        }
+
+        def gauge(name, documentation):
+            return Gauge(
+                name=name,
+                documentation=documentation,
+                labelnames=labels.keys(),
+                multiprocess_mode="mostrecent",
+            )
+
+        # __init__, the gauges of the names below, in its order
+        num_running_reqs = gauge("sglang:num_running_reqs", "The number of running requests.")
+        num_queue_reqs = gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
+        num_grammar_queue_reqs = gauge(
+            "sglang:num_grammar_queue_reqs", "The number of requests in the grammar waiting queue."
+        )
+        gen_throughput = gauge("sglang:gen_throughput", "The generation throughput (token/s).")
+        token_usage = gauge("sglang:token_usage", "The token usage.")
+        num_prefill_bootstrap_queue_reqs = gauge(
+            "sglang:num_prefill_bootstrap_queue_reqs", "The number of requests in the prefill bootstrap queue."
+        )
+        num_prefill_inflight_queue_reqs = gauge(
+            "sglang:num_prefill_inflight_queue_reqs", "The number of requests in the prefill inflight queue."
+        )
+        num_decode_prealloc_queue_reqs = gauge(
+            "sglang:num_decode_prealloc_queue_reqs", "The number of requests in the decode prealloc queue."
+        )
+        num_decode_transfer_queue_reqs = gauge(
+            "sglang:num_decode_transfer_queue_reqs", "The number of requests in the decode transfer queue."
+        )
+        max_total_num_tokens = gauge(
+            "sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool."
+        )
+
+        # one set per collector: every queue gauge writes every priority any of them has seen
+        known_priorities = set()
+
+        def log_gauge(g, data):
+            g.labels(**labels).set(data)
+
+        def log_gauge_queue_count(g, data):
+            total, by_priority = data
+            g.labels(**labels).set(total)
+            if by_priority is not None:
+                known_priorities.update(by_priority.keys())
+                for p in known_priorities:
+                    value = by_priority.get(p, 0)
+                    with_priority = dict(labels)
+                    with_priority["priority"] = str(p)
+                    g.labels(**with_priority).set(value)
+
+        # emit_constants, once at startup
+        log_gauge(max_total_num_tokens, stats["max_total_num_tokens"])
+        # log_stats(stats), the lines for the names above, in its order
+        no_breakdown = (0, None)
+        log_gauge_queue_count(num_running_reqs, stats["running"])
+        log_gauge_queue_count(num_queue_reqs, stats["queue"])
+        log_gauge(num_grammar_queue_reqs, 0)
+        log_gauge(gen_throughput, stats.get("gen_throughput", 0.0))
+        log_gauge(token_usage, stats["token_usage"])
+        log_gauge_queue_count(num_prefill_bootstrap_queue_reqs, stats.get("prefill_bootstrap", no_breakdown))
+        log_gauge_queue_count(num_prefill_inflight_queue_reqs, stats.get("prefill_inflight", no_breakdown))
+        log_gauge_queue_count(num_decode_prealloc_queue_reqs, stats.get("decode_prealloc", no_breakdown))
+        log_gauge_queue_count(num_decode_transfer_queue_reqs, stats.get("decode_transfer", no_breakdown))
+
+    return run
+
+
+def sglang_pd_prefill_priority():
+    # a prefill stats pass (metrics_reporter.py): QueueCount.from_reqs of the waiting, bootstrap
+    # and inflight queues, the running batch's count likewise; the decode queues are left unset
+    stats = {
+        "running": (3, {0: 2, 5: 1}),
+        "queue": (4, {0: 1, 5: 3}),
+        "prefill_bootstrap": (6, {0: 4, 5: 2}),
+        "prefill_inflight": (9, {0: 9}),
+        "token_usage": 0.25,
+        "max_total_num_tokens": 262144,
+    }
+    return render([(4601, sglang_pd_priority_scheduler(engine_type="prefill", stats=stats))])
+
+
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
     pages = {
@@ -504,6 +619,7 @@ def main():
         "sglang-expert-parallel.txt": sglang_expert_parallel(),
         "sglang-pd-prefill.txt": sglang_pd_prefill(),
         "sglang-pd-decode.txt": sglang_pd_decode(),
+        "sglang-pd-prefill-priority.txt": sglang_pd_prefill_priority(),
     }
     for name, page in pages.items():
         (OUT / name).write_text(page)
