@@ -143,3 +143,23 @@ test("SGLang's disaggregation queues that wait on the server count as waiting; t
   const bad = readEngineLoad(`${gauge('num_queue_reqs', 0)}\nsglang:num_decode_transfer_queue_reqs{${labels()}} NaN\n`);
   assert.deepEqual([bad.waiting, bad.outOfRange], [MAX_ENGINE_REQUESTS, 'sglang:num_decode_transfer_queue_reqs']);
 });
+
+test("SGLang's renamed prefill bootstrap gauge with priority scheduling: its total counts as waiting, not its parts too", () => {
+  // release 016d8605, --disaggregation-mode prefill --enable-priority-scheduling: the bootstrap queue
+  // is sglang:num_prefill_bootstrap_queue_reqs, and each queue gauge has its total under
+  // priority="" beside its parts (bootstrap 6 = 4 + 2, waiting 4 = 1 + 3, inflight 9 not waiting)
+  const prefill = fixture('sglang-pd-prefill-priority.txt');
+  assert.match(prefill, /^sglang:num_prefill_bootstrap_queue_reqs\{[^}]*priority="",[^}]*\} 6\.0$/m);
+  assert.match(prefill, /^sglang:num_prefill_bootstrap_queue_reqs\{[^}]*priority="5",[^}]*\} 2\.0$/m);
+  assert.doesNotMatch(prefill, /num_prefill_prealloc_queue_reqs/);
+  assert.deepEqual(readEngineLoad(prefill), { running: 3, waiting: 6 + 4, kvUsage: 0.25, kvCapacityTokens: 262144 });
+  // a page with both names (a multiprocess directory kept across an upgrade) counts the queue once
+  const both = `${prefill}sglang:num_prefill_prealloc_queue_reqs{${labels()}} 5.0\n`;
+  assert.equal(readEngineLoad(both).waiting, 6 + 4);
+  // out of its range, the bootstrap queue is read as the worst, and named
+  const bad = prefill.replace(/(num_prefill_bootstrap_queue_reqs\{[^}]*priority="",[^}]*\}) 6\.0/, '$1 NaN');
+  assert.deepEqual(
+    [readEngineLoad(bad).waiting, readEngineLoad(bad).outOfRange],
+    [MAX_ENGINE_REQUESTS, 'sglang:num_prefill_bootstrap_queue_reqs'],
+  );
+});

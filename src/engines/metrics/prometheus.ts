@@ -57,24 +57,30 @@ const WAITING = ['vllm:num_requests_waiting', 'sglang:num_queue_reqs'];
 const GRAMMAR_WAITING = ['sglang:num_grammar_queue_reqs'];
 /**
  * SGLang's prefill-decode disaggregation queues that hold requests waiting on the server before
- * its waiting queue (python/sglang/srt/observability/metrics_collector.py
- * SchedulerMetricsCollector at sgl-project/sglang 44cedc2b; the scheduler sets them from the
- * queues' lengths beside num_queue_reqs, scheduler_metrics_mixin.py): on a prefill server
- * `sglang:num_prefill_prealloc_queue_reqs`, its bootstrap queue (disaggregation/prefill.py
- * PrefillBootstrapQueue, "the requests in bootstrapping"), whose requests join the waiting queue
- * once the decode server has taken their KV transfer on; on a decode server
- * `sglang:num_decode_prealloc_queue_reqs`, the requests waiting for this server's KV memory
- * (decode.py DecodePreallocQueue), and `sglang:num_decode_transfer_queue_reqs`, those whose
- * memory is held here while their KV arrives (DecodeTransferQueue), which then join its waiting
- * queue. Each is added to the waiting count, as the grammar queue is. A prefill server's
- * `sglang:num_prefill_inflight_queue_reqs` is left out: its requests were prefilled and only
- * their KV is still being sent, no work of that server's left to wait for.
+ * its waiting queue, each name followed by the one it replaced, read only when the current one is
+ * absent (python/sglang/srt/observability/metrics_collector.py SchedulerMetricsCollector; the
+ * scheduler sets them from the queues' lengths beside num_queue_reqs, at sgl-project/sglang
+ * c9cbe8f2 in managers/scheduler_components/metrics_reporter.py): on a prefill server its
+ * bootstrap queue (disaggregation/prefill.py PrefillBootstrapQueue, "the requests in
+ * bootstrapping"), whose requests join the waiting queue once the decode server has taken their KV
+ * transfer on, `sglang:num_prefill_bootstrap_queue_reqs` ("The number of requests in the prefill
+ * bootstrap queue.", at 016d8605), formerly `sglang:num_prefill_prealloc_queue_reqs` (at
+ * 44cedc2b): a page has one or the other, and only the current one is read if it has both; on a
+ * decode server `sglang:num_decode_prealloc_queue_reqs`, the requests waiting for this server's
+ * KV memory (decode.py DecodePreallocQueue), and `sglang:num_decode_transfer_queue_reqs`, those
+ * whose memory is held here while their KV arrives (DecodeTransferQueue), which then join its
+ * waiting queue. Each is added to the waiting count, as the grammar queue is. At 016d8605 the four are
+ * written as num_queue_reqs is (log_stats, _log_gauge_queue_count): with
+ * --enable-priority-scheduling a total under priority="" and each priority's part under
+ * priority="<n>", read as `quantities` reads them (the total, not the total and its parts). A
+ * prefill server's `sglang:num_prefill_inflight_queue_reqs` is left out: its requests were
+ * prefilled and only their KV is still being sent, no work of that server's left to wait for.
  */
-const PD_WAITING = [
-  'sglang:num_prefill_prealloc_queue_reqs',
-  'sglang:num_decode_prealloc_queue_reqs',
-  'sglang:num_decode_transfer_queue_reqs',
-] as const;
+const PD_WAITING: readonly (readonly string[])[] = [
+  ['sglang:num_prefill_bootstrap_queue_reqs', 'sglang:num_prefill_prealloc_queue_reqs'],
+  ['sglang:num_decode_prealloc_queue_reqs'],
+  ['sglang:num_decode_transfer_queue_reqs'],
+];
 const USAGE = ['vllm:kv_cache_usage_perc', 'vllm:gpu_cache_usage_perc', 'sglang:token_usage'];
 const QUERIES = [
   'vllm:prefix_cache_queries_total',
@@ -160,7 +166,7 @@ const LOAD_NAMES: ReadonlySet<string> = new Set([
   ...RUNNING,
   ...WAITING,
   ...GRAMMAR_WAITING,
-  ...PD_WAITING,
+  ...PD_WAITING.flat(),
   ...USAGE,
   ...QUERIES,
   ...HITS,
@@ -740,7 +746,7 @@ export function readEngineLoad(page: string, engine?: string): EngineLoad {
   const queued = count(s, WAITING);
   // the queues besides the waiting queue (SGLang's grammar and disaggregation queues), each its own name
   let waiting = queued;
-  for (const names of [GRAMMAR_WAITING, ...PD_WAITING.map((n) => [n])]) {
+  for (const names of [GRAMMAR_WAITING, ...PD_WAITING]) {
     const more = count(s, names);
     if (more !== undefined) waiting = Math.min((waiting ?? 0) + more, MAX_ENGINE_REQUESTS);
   }
@@ -757,7 +763,7 @@ export function readEngineLoad(page: string, engine?: string): EngineLoad {
       : waiting === MAX_ENGINE_REQUESTS
         ? (outOfRangeName(s, WAITING, false) ??
           outOfRangeName(s, GRAMMAR_WAITING, false) ??
-          PD_WAITING.map((n) => outOfRangeName(s, [n], false)).find((n) => n !== undefined))
+          PD_WAITING.map((names) => outOfRangeName(s, names, false)).find((n) => n !== undefined))
         : kvUsage === 1
           ? outOfRangeName(s, USAGE, true)
           : undefined;
