@@ -356,8 +356,11 @@ export class WorkerConnections {
   private listing: ReadonlySet<string> | undefined;
   /** The workers whose models are known, from `models=` or their engine's /v1/models (made when first asked). */
   private known: ReadonlySet<string> | undefined;
-  /** The shortest context length any engine lists for any model (Infinity: none listed; made when first asked). */
-  private shortestContext: number | undefined;
+  /**
+   * The shortest context length an engine lists for each model asked about since the lists last
+   * changed (Infinity: none lists one); at most MAX_KEPT_MODELS, started again when full.
+   */
+  private readonly shortestContextByModel = new Map<string, number>();
   /** Each worker's /v1/models read under way, by the worker's own id: reads asked meanwhile share it. */
   private readonly reading = new Map<string, Promise<void>>();
   /** The re-read of every worker's /v1/models under way (refreshModels()). */
@@ -1001,7 +1004,7 @@ export class WorkerConnections {
     this.withoutModelByName.clear();
     this.listing = undefined;
     this.known = undefined;
-    this.shortestContext = undefined;
+    this.shortestContextByModel.clear();
   }
 
   /**
@@ -1024,8 +1027,7 @@ export class WorkerConnections {
     evenWhenNoneLeft = false,
   ): ReadonlySet<string> {
     if (promptTokens === undefined || typeof model !== 'string') return without;
-    const shortest = (this.shortestContext ??= this.findShortestContext());
-    if (!exceedsContext(shortest, promptTokens, maxTokens)) return without;
+    if (!exceedsContext(this.shortestContext(model), promptTokens, maxTokens)) return without;
     let tooShort: Set<string> | undefined;
     let roomLeft = false;
     for (const w of this.options.router.listWorkers()) {
@@ -1038,10 +1040,14 @@ export class WorkerConnections {
     return tooShort !== undefined && (roomLeft || evenWhenNoneLeft) ? tooShort : without;
   }
 
-  private findShortestContext(): number {
+  /** The shortest context length an engine lists for `model`; Infinity when none lists one. */
+  private shortestContext(model: string): number {
+    const kept = this.shortestContextByModel.get(model);
+    if (kept !== undefined) return kept;
     let shortest = Infinity;
-    for (const c of this.connections.values())
-      for (const length of c.contextLengths.values()) shortest = Math.min(shortest, length);
+    for (const c of this.connections.values()) shortest = Math.min(shortest, c.contextLengths.get(model) ?? Infinity);
+    if (this.shortestContextByModel.size >= MAX_KEPT_MODELS) this.shortestContextByModel.clear();
+    this.shortestContextByModel.set(model, shortest);
     return shortest;
   }
 
