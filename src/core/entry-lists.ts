@@ -15,8 +15,13 @@ const LOOKUP_OPTIONS = {};
  * least recent entry makes room). A list holds its most recently added entry first.
  */
 export class EntryLists<E> {
-  /** Ids never outnumber entries, kept within `capacity`: the cache itself never has to evict. */
-  private readonly lists: LRUCache<string, E[]>;
+  /**
+   * Ids never outnumber entries, kept within `capacity`: the cache itself never has to evict.
+   * Made at the first entry added: lru-cache sizes its arrays by `capacity` when it is made
+   * (tens of milliseconds and megabytes at the default 100,000), and a router that is never
+   * given an anchor (most are) never needs them.
+   */
+  private lists: LRUCache<string, E[]> | undefined;
   private count = 0;
   private evicted = 0;
 
@@ -27,9 +32,7 @@ export class EntryLists<E> {
   constructor(
     readonly capacity: number,
     private readonly dropped: (entry: E) => void = () => {},
-  ) {
-    this.lists = new LRUCache({ max: capacity });
-  }
+  ) {}
 
   /** Entries held over all ids. */
   get size(): number {
@@ -43,12 +46,12 @@ export class EntryLists<E> {
 
   /** An id's entries, recency untouched. */
   peek(id: string): E[] | undefined {
-    return this.lists.peek(id, LOOKUP_OPTIONS);
+    return this.lists?.peek(id, LOOKUP_OPTIONS);
   }
 
   /** An id's entries, the id now the most recently used. */
   get(id: string): E[] | undefined {
-    return this.lists.get(id, LOOKUP_OPTIONS);
+    return this.lists?.get(id, LOOKUP_OPTIONS);
   }
 
   /**
@@ -57,6 +60,7 @@ export class EntryLists<E> {
    * least recently used id left, -Infinity when none is.
    */
   dropUnused(most: number, until: (entry: E) => number, at: number): number {
+    if (this.lists === undefined) return -Infinity;
     for (let dropped = 0; ; dropped++) {
       // looked up afresh each time: the cache is not changed under an iteration
       const oldest = this.lists.rkeys().next();
@@ -73,14 +77,15 @@ export class EntryLists<E> {
 
   /** Every id, most recently used first (a copy: the lists may be changed meanwhile). */
   ids(): string[] {
-    return [...this.lists.keys()];
+    return this.lists === undefined ? [] : [...this.lists.keys()];
   }
 
   /** Adds `entry` first in `id`'s list, the id now the most recently used, room made first. Returns the list. */
   add(id: string, entry: E): E[] {
-    let list = this.lists.get(id);
+    const lists = (this.lists ??= new LRUCache({ max: this.capacity }));
+    let list = lists.get(id);
     while (this.count >= this.capacity) {
-      const next = this.lists.rkeys().next();
+      const next = lists.rkeys().next();
       const oldest = next.done ? undefined : next.value;
       if (list !== undefined && (oldest === id || list.length >= this.capacity)) {
         // the id alone fills the bound: its least recent entry goes
@@ -89,7 +94,7 @@ export class EntryLists<E> {
         this.evicted++;
       } else if (oldest !== undefined) this.evict(oldest);
     }
-    if (list === undefined) this.lists.set(id, (list = []));
+    if (list === undefined) lists.set(id, (list = []));
     list.unshift(entry);
     this.count++;
     return list;
@@ -101,7 +106,7 @@ export class EntryLists<E> {
    * captures a hot function's variable costs that function a context on every call.)
    */
   removeWhere<A>(id: string, gone: (entry: E, arg: A) => boolean, arg: A): number {
-    const list = this.lists.peek(id, LOOKUP_OPTIONS);
+    const list = this.lists?.peek(id, LOOKUP_OPTIONS);
     if (list === undefined) return 0;
     let kept = 0;
     for (const entry of list) {
@@ -111,7 +116,7 @@ export class EntryLists<E> {
     const removed = list.length - kept;
     list.length = kept;
     this.count -= removed;
-    if (kept === 0) this.lists.delete(id);
+    if (kept === 0) this.lists!.delete(id);
     return removed;
   }
 

@@ -11,18 +11,20 @@ export interface WorkflowEntry {
 }
 
 export class WorkflowTable {
-  private readonly entries: LRUCache<string, WorkflowEntry>;
+  /**
+   * Made at the first workflow recorded: lru-cache sizes its arrays by the capacity when it is
+   * made, which a router that is never given a workflow never needs.
+   */
+  private entries: LRUCache<string, WorkflowEntry> | undefined;
 
-  constructor(readonly capacity: number) {
-    this.entries = new LRUCache({ max: capacity });
-  }
+  constructor(readonly capacity: number) {}
 
   get size(): number {
-    return this.entries.size;
+    return this.entries?.size ?? 0;
   }
 
   peek(workflowId: string): WorkflowEntry | undefined {
-    return this.entries.peek(workflowId);
+    return this.entries?.peek(workflowId);
   }
 
   /**
@@ -30,24 +32,28 @@ export class WorkflowTable {
    * (a late retry) does not move the workflow back.
    */
   record(workflowId: string, workerId: string, step: number | null): void {
-    const prev = this.entries.get(workflowId); // a use, even by a late step that does not move it
+    const prev = this.entries?.get(workflowId); // a use, even by a late step that does not move it
     if (prev && step !== null && prev.step !== null && step < prev.step) return;
     this.set(workflowId, workerId, step);
   }
 
   /** Sets a workflow's worker and step whatever was recorded (another router's word for it). */
   set(workflowId: string, workerId: string, step: number | null): void {
-    this.entries.set(workflowId, { workerId, step });
+    (this.entries ??= new LRUCache({ max: this.capacity })).set(workflowId, { workerId, step });
   }
 
   /** Every remembered workflow, least recently used first. */
   *all(): IterableIterator<[string, WorkflowEntry]> {
-    for (const id of this.entries.rkeys()) yield [id, this.entries.peek(id)!];
+    const entries = this.entries;
+    if (entries === undefined) return;
+    for (const id of entries.rkeys()) yield [id, entries.peek(id)!];
   }
 
   dropWorker(workerId: string): void {
+    const entries = this.entries;
+    if (entries === undefined) return;
     const gone: string[] = [];
-    for (const [id, entry] of this.entries.entries()) if (entry.workerId === workerId) gone.push(id);
-    for (const id of gone) this.entries.delete(id);
+    for (const [id, entry] of entries.entries()) if (entry.workerId === workerId) gone.push(id);
+    for (const id of gone) entries.delete(id);
   }
 }
