@@ -56,6 +56,43 @@ export function pythonFloatJson(x: number): string {
   return `${sign}${digits.slice(0, exp + 1)}.${digits.slice(exp + 1)}`;
 }
 
+/**
+ * The order of an object's keys as the JSON text gave them, kept on objects that have a key
+ * JavaScript enumerates first whatever its place (an array index: "0", "10"). Python's dict keeps
+ * the text's order, and json.dumps (a template's tojson) writes it: `{"b": 1, "2": 0}` stays so.
+ */
+const KEY_ORDER: unique symbol = Symbol('jsonKeyOrder');
+/** A key JavaScript enumerates before every other, in numeric order: a canonical array index. */
+const ARRAY_INDEX = /^(?:0|[1-9]\d{0,9})$/;
+const isArrayIndex = (key: string): boolean => ARRAY_INDEX.test(key) && Number(key) < 2 ** 32 - 1;
+
+/** An object's entries in the order its JSON text (or orderedObject) gave them. */
+export function jsonEntries(object: object): Array<[string, unknown]> {
+  const order = (object as { [KEY_ORDER]?: readonly string[] })[KEY_ORDER];
+  const record = object as Record<string, unknown>;
+  return order === undefined ? Object.entries(record) : order.map((k) => [k, record[k]]);
+}
+
+/**
+ * A plain object of `entries` that jsonEntries gives back in this order (a repeated key keeps
+ * its first place and its last value, as in a Python dict). Keys are defined, not assigned: a
+ * "__proto__" key is a member, never the prototype.
+ */
+export function orderedObject(entries: Iterable<readonly [string, unknown]>): Record<string, unknown> {
+  const object: Record<string, unknown> = {};
+  const keys: string[] = [];
+  let indexKey = false;
+  for (const [key, value] of entries) {
+    if (!Object.prototype.hasOwnProperty.call(object, key)) {
+      keys.push(key);
+      if (isArrayIndex(key)) indexKey = true;
+    }
+    Object.defineProperty(object, key, { value, enumerable: true, writable: true, configurable: true });
+  }
+  if (indexKey) Object.defineProperty(object, KEY_ORDER, { value: keys });
+  return object;
+}
+
 const NUMBER = /-?(?:0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?/y;
 // eslint-disable-next-line no-control-regex -- JSON strings exclude the control characters
 const STRING = /"(?:[^"\\\u0000-\u001f]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*"/y;
@@ -63,7 +100,8 @@ const WHITESPACE = /[ \t\n\r]*/y;
 
 /**
  * Parses JSON text as JSON.parse does, except that every number is a JsonNumber. Objects are
- * plain objects (the last of a repeated key wins, as in both parsers). Nesting deeper than
+ * plain objects (the last of a repeated key wins, as in both parsers) whose keys jsonEntries
+ * gives in the text's order, as Python's json keeps them. Nesting deeper than
  * maxDepth is refused. Throws a SyntaxError for text that is not JSON.
  */
 export function parseLosslessJson(text: string, maxDepth: number): unknown {
@@ -92,7 +130,7 @@ export function parseLosslessJson(text: string, maxDepth: number): unknown {
       skipWhitespace();
       const close = c === '{' ? '}' : ']';
       const array: unknown[] = [];
-      const object: Record<string, unknown> = {};
+      const members: Array<[string, unknown]> = [];
       if (text[pos] === close) pos++;
       else
         for (;;) {
@@ -102,20 +140,14 @@ export function parseLosslessJson(text: string, maxDepth: number): unknown {
             const key = readString();
             skipWhitespace();
             if (text[pos++] !== ':') fail();
-            // defined, not assigned: a "__proto__" key is a member, never the prototype
-            Object.defineProperty(object, key, {
-              value: readValue(depth + 1),
-              enumerable: true,
-              writable: true,
-              configurable: true,
-            });
+            members.push([key, readValue(depth + 1)]);
           } else array.push(readValue(depth + 1));
           skipWhitespace();
           const sep = text[pos++];
           if (sep === close) break;
           if (sep !== ',') fail();
         }
-      return c === '{' ? object : array;
+      return c === '{' ? orderedObject(members) : array;
     }
     for (const [word, value] of [
       ['true', true],

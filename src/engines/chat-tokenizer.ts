@@ -6,7 +6,7 @@ import { Tokenizer } from '@huggingface/tokenizers';
 import { LRUCache } from 'lru-cache';
 import type { ChatContentPart, ChatMessage } from '../core/hashing.js';
 import { checkChatMessages, contentPartText, contentPartType, refusedTemplateKwarg } from '../core/chat-messages.js';
-import { JsonNumber, parseLosslessJson } from '../core/lossless-json.js';
+import { JsonNumber, jsonEntries, orderedObject, parseLosslessJson } from '../core/lossless-json.js';
 import type { RouteRequest } from '../core/router/index.js';
 import { escapedText, fileErrorMessage, quotedText } from '../core/shown-text.js';
 import {
@@ -633,15 +633,14 @@ function postprocess(conversation: Record<string, unknown>[]): void {
   }
 }
 
-/** A copy of parsed JSON (plain objects and arrays) that keeps its JsonNumbers (structuredClone drops their class). */
+/**
+ * A copy of parsed JSON (plain objects and arrays) that keeps its JsonNumbers (structuredClone
+ * drops their class), its objects' key order and a "__proto__" key as a member (orderedObject).
+ */
 function copyJson(v: unknown): unknown {
   if (Array.isArray(v)) return v.map(copyJson);
   if (v === null || typeof v !== 'object' || v instanceof JsonNumber) return v;
-  const out: Record<string, unknown> = {};
-  // defined, not assigned: a "__proto__" key stays a member
-  for (const [k, x] of Object.entries(v))
-    Object.defineProperty(out, k, { value: copyJson(x), enumerable: true, writable: true, configurable: true });
-  return out;
+  return orderedObject(jsonEntries(v).map(([k, x]) => [k, copyJson(x)]));
 }
 
 /** A Python dict or list as json.loads makes them (a JsonNumber is a number). */
@@ -657,15 +656,19 @@ function toolsAsVllm(tools: readonly unknown[]): unknown[] {
     const fn = tool?.function as Record<string, unknown> | undefined;
     if (!tool || typeof tool !== 'object' || !fn || typeof fn !== 'object' || typeof fn.name !== 'string')
       throw new RangeError(`tools[${i}] must be {type: "function", function: {name, …}}`);
-    const f: Record<string, unknown> = {
-      name: fn.name,
-      description: fn.description ?? null,
-      parameters: fn.parameters ?? null,
-    };
-    for (const [k, v] of Object.entries(fn)) if (!(k in f)) f[k] = v;
-    const d: Record<string, unknown> = { type: tool.type ?? 'function', function: f };
-    for (const [k, v] of Object.entries(tool)) if (!(k in d)) d[k] = v;
-    return d;
+    // the declared fields first, then the others in the request's order (an array-index key too)
+    const declared = ['name', 'description', 'parameters'];
+    const f = orderedObject([
+      ['name', fn.name],
+      ['description', fn.description ?? null],
+      ['parameters', fn.parameters ?? null],
+      ...jsonEntries(fn).filter(([k]) => !declared.includes(k)),
+    ]);
+    return orderedObject([
+      ['type', tool.type ?? 'function'],
+      ['function', f],
+      ...jsonEntries(tool).filter(([k]) => k !== 'type' && k !== 'function'),
+    ]);
   });
 }
 

@@ -8,7 +8,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { Environment, Interpreter, Template } from '@huggingface/jinja';
-import { JsonNumber } from '../core/lossless-json.js';
+import { JsonNumber, jsonEntries } from '../core/lossless-json.js';
 
 type RuntimeValue = ReturnType<Environment['set']>;
 type Program = Template['parsed'];
@@ -144,7 +144,8 @@ function toRuntime(data: unknown): RuntimeValue {
     case 'object':
       if (data === null) return new NullValue(null);
       if (Array.isArray(data)) return new ArrayValue(data.map(toRuntime));
-      return new ObjectValue(new Map(Object.entries(data).map(([k, v]) => [k, toRuntime(v)])));
+      // in the JSON text's order (an array-index key is not moved first): a Python dict's
+      return new ObjectValue(new Map(jsonEntries(data).map(([k, v]) => [k, toRuntime(v)])));
     default:
       return new Environment().set('value', data);
   }
