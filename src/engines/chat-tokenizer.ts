@@ -15,7 +15,7 @@ import {
   MAX_TOKENIZER_JSON_BYTES,
   readRegularFile,
 } from './bounded-file.js';
-import { renderWithPythonNumbers } from './python-jinja.js';
+import { pythonStrip, renderWithPythonNumbers } from './python-jinja.js';
 
 /** Turns a request into the token ids the engine will see (`--tokenize tokenizer`). */
 export interface PromptTokenizer {
@@ -575,9 +575,13 @@ export class ChatTokenizer implements PromptTokenizer {
     if (!this.templateSource!.includes('content'))
       throw new RangeError('continue_final_message: the chat template has no message content to continue');
     const last = { ...conversation[conversation.length - 1] };
-    if (typeof last.content === 'string') last.content += CONTINUE_TAG;
-    else if (Array.isArray(last.content) && last.content.length > 0) {
+    let finalText: string;
+    if (typeof last.content === 'string') {
+      finalText = last.content;
+      last.content += CONTINUE_TAG;
+    } else if (Array.isArray(last.content) && last.content.length > 0) {
       const parts = last.content as Array<{ type: string; text: string }>;
+      finalText = parts[parts.length - 1].text;
       last.content = [
         ...parts.slice(0, -1),
         { ...parts[parts.length - 1], text: parts[parts.length - 1].text + CONTINUE_TAG },
@@ -585,9 +589,14 @@ export class ChatTokenizer implements PromptTokenizer {
     } else throw new RangeError('continue_final_message: the final message has no text to continue');
     const text = this.render([...conversation.slice(0, -1), last], context, addGenerationPrompt);
     const at = text.lastIndexOf(CONTINUE_TAG.trim());
-    if (at < 0) throw new RangeError('continue_final_message: the chat template drops the final message');
-    // a template that keeps spacing: cut at the tag; one that trimmed it: cut and trim
-    return text.startsWith(CONTINUE_TAG, at) ? text.slice(0, at) : text.slice(0, at).trimEnd();
+    // transformers refuses a rendering without the tag or without the final text (stripped)
+    if (at < 0 || !text.includes(pythonStrip(finalText, undefined, true, true)))
+      throw new RangeError('continue_final_message: the chat template drops the final message');
+    // a template that keeps spacing: cut at the tag; one that trimmed it: cut and trim (Python's
+    // rstrip(), whose whitespace is not JavaScript's trimEnd()'s)
+    return text.startsWith(CONTINUE_TAG, at)
+      ? text.slice(0, at)
+      : pythonStrip(text.slice(0, at), undefined, false, true);
   }
 
   private remember(key: string, seg: Segment): void {

@@ -65,7 +65,7 @@ const PYTHON_WHITESPACE: ReadonlySet<string> = new Set(
  * Python's str.strip / lstrip / rstrip: with no argument (or None) its whitespace, with a
  * string the code points of that string.
  */
-function pythonStrip(s: string, chars: string | undefined, left: boolean, right: boolean): string {
+export function pythonStrip(s: string, chars: string | undefined, left: boolean, right: boolean): string {
   const set = chars === undefined ? PYTHON_WHITESPACE : new Set(Array.from(chars));
   let start = 0;
   let end = s.length;
@@ -155,9 +155,21 @@ function toRuntime(data: unknown): RuntimeValue {
 // strftime_now are taken from a rendering, the rest are plain values.
 const captured: unknown[] = [];
 new Template('{{ keep(range, strftime_now) }}').render({ keep: (...fns: unknown[]) => void captured.push(...fns) });
+/**
+ * What a template's raise_exception(message) throws: the template refuses the request, as
+ * transformers' raise_exception raises a TemplateError, which vLLM answers with a 400 that
+ * carries the message. A RangeError, so the gateway shows the message to the client, in
+ * process as from a tokenizer thread.
+ */
+export class ChatTemplateError extends RangeError {
+  constructor(message: string) {
+    super(message);
+    this.name = 'ChatTemplateError';
+  }
+}
 // made once: it holds no state, and building it for each rendering allocates an Environment
 const RAISE_EXCEPTION = toRuntime((message: unknown) => {
-  throw new Error(String(message));
+  throw new ChatTemplateError(String(message));
 });
 /**
  * Most items a template's range() may make. The library builds the whole list first, and a list
