@@ -557,11 +557,23 @@ export class ChatTokenizer implements PromptTokenizer {
     context: Record<string, unknown>,
     addGenerationPrompt: boolean,
   ): string {
-    return renderWithPythonNumbers(this.template!.parsed, {
-      ...context,
-      messages,
-      add_generation_prompt: addGenerationPrompt,
-    });
+    try {
+      return renderWithPythonNumbers(this.template!.parsed, {
+        ...context,
+        messages,
+        add_generation_prompt: addGenerationPrompt,
+      });
+    } catch (err) {
+      // the template refusing the request (raise_exception: ChatTemplateError) and the bounds this
+      // renderer keeps (RangeError) are answered 400, as vLLM answers a template's error; any
+      // other failure is the renderer's (@huggingface/jinja lacks a feature of Python's Jinja2: a
+      // filter, `%` formatting, a test with arguments), not the client's, and the engine may
+      // render the request: it is routed on its text, as media are
+      if (err instanceof RangeError) throw err;
+      throw new UntokenizableContentError(
+        `the chat template could not be rendered here (${err instanceof Error ? err.message : String(err)}): routed on the request's text`,
+      );
+    }
   }
 
   /** The whole conversation; with continue_final_message, cut open after the final message's text. */

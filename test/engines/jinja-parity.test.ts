@@ -5,7 +5,7 @@ import { dirname } from 'node:path';
 import { test } from 'node:test';
 import { Template } from '@huggingface/jinja';
 import { parseLosslessJson } from '../../src/core/lossless-json.js';
-import { ChatTokenizer } from '../../src/engines/chat-tokenizer.js';
+import { ChatTokenizer, UntokenizableContentError } from '../../src/engines/chat-tokenizer.js';
 import { ChatTemplateError, renderWithPythonNumbers } from '../../src/engines/python-jinja.js';
 import { createRequestParser } from '../../src/server/openai-request.js';
 import { DEFAULT_REQUEST_LIMITS } from '../../src/server/request-limits.js';
@@ -115,4 +115,29 @@ test("a template's raise_exception is a 400 carrying its message through the gat
       'the chat template rejected the request: Conversation roles must alternate user/assistant/user/assistant/...',
     param: 'messages',
   });
+});
+
+test('a template feature the renderer lacks routes the request on its text, not a 400: the engine may render it', async () => {
+  // Jinja2's `center` filter, which @huggingface/jinja does not have
+  const tokenizer = ChatTokenizer.load(modelDir, {
+    cacheEntries: 0,
+    chatTemplate: '{% for m in messages %}{{ m.content | center(20) }}{% endfor %}',
+  });
+  assert.throws(
+    () => tokenizer.tokenizeChatRequest({ messages: [{ role: 'user', content: 'a' }] }),
+    (err: unknown) => err instanceof UntokenizableContentError && /center/.test((err as Error).message),
+  );
+  const parse = createRequestParser({
+    tokenize: 'tokenizer',
+    promptTokenizer: tokenizer,
+    tokenizeOnEngine: () => Promise.resolve(undefined),
+    limits: DEFAULT_REQUEST_LIMITS,
+  });
+  const parsed = await parse('/v1/chat/completions', {
+    body: { model: 'm', messages: [{ role: 'user', content: 'a' }] },
+    headers: {},
+  });
+  assert.ok(!('status' in parsed), JSON.stringify(parsed));
+  assert.equal(parsed.routeRequest.tokens, undefined, 'no token ids: routed on the messages');
+  assert.ok(parsed.routeRequest.messages !== undefined);
 });
