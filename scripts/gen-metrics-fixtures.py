@@ -287,6 +287,29 @@ def vllm_hybrid_kv_size():
 SGLANG_MODEL = "Qwen/Qwen3-8B"
 
 
+def sglang_gauge_writers(labels):
+    """SchedulerMetricsCollector's _log_gauge and _log_gauge_queue_count over a scheduler's labels:
+    a queue count's total under them and, with a breakdown, each priority any queue gauge has seen
+    (one set per collector) under priority="<n>"."""
+    known_priorities = set()
+
+    def log_gauge(gauge, data):
+        gauge.labels(**labels).set(data)
+
+    def log_gauge_queue_count(gauge, data):
+        total, by_priority = data
+        gauge.labels(**labels).set(total)
+        if by_priority is not None:
+            known_priorities.update(by_priority.keys())
+            for p in known_priorities:
+                value = by_priority.get(p, 0)
+                with_priority = dict(labels)
+                with_priority["priority"] = str(p)
+                gauge.labels(**with_priority).set(value)
+
+    return log_gauge, log_gauge_queue_count
+
+
 def sglang_scheduler(*, tp_rank, pp_rank=0, dp_rank=None, tp_size=1, ep_size=1, priority, stats):
     """One scheduler process: SchedulerMetricsCollector.init_new(...) then log_stats(stats).
     stats: running/queue as (total, {priority: count} or None), token_usage."""
@@ -339,21 +362,7 @@ def sglang_scheduler(*, tp_rank, pp_rank=0, dp_rank=None, tp_size=1, ep_size=1, 
             multiprocess_mode="mostrecent",
         )
 
-        known_priorities = set()
-
-        def log_gauge(gauge, data):
-            gauge.labels(**labels).set(data)
-
-        def log_gauge_queue_count(gauge, data):
-            total, by_priority = data
-            gauge.labels(**labels).set(total)
-            if by_priority is not None:
-                known_priorities.update(by_priority.keys())
-                for p in known_priorities:
-                    value = by_priority.get(p, 0)
-                    with_priority = dict(labels)
-                    with_priority["priority"] = str(p)
-                    gauge.labels(**with_priority).set(value)
+        log_gauge, log_gauge_queue_count = sglang_gauge_writers(labels)
 
         # log_stats(stats), the lines for the names above, in its order
         log_gauge_queue_count(num_running_reqs, stats["running"])
@@ -455,9 +464,7 @@ def sglang_pd_scheduler(*, engine_type, stats):
         num_decode_transfer_queue_reqs = gauge(
             "sglang:num_decode_transfer_queue_reqs", "The number of requests in the decode transfer queue."
         )
-
-        def log_gauge(g, data):
-            g.labels(**labels).set(data)
+        log_gauge, _ = sglang_gauge_writers(labels)
 
         # log_stats(stats), the lines for the names above, in its order
         log_gauge(num_running_reqs, stats["num_running_reqs"])
@@ -561,22 +568,7 @@ def sglang_pd_priority_scheduler(*, engine_type, stats):
             "sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool."
         )
 
-        # one set per collector: every queue gauge writes every priority any of them has seen
-        known_priorities = set()
-
-        def log_gauge(g, data):
-            g.labels(**labels).set(data)
-
-        def log_gauge_queue_count(g, data):
-            total, by_priority = data
-            g.labels(**labels).set(total)
-            if by_priority is not None:
-                known_priorities.update(by_priority.keys())
-                for p in known_priorities:
-                    value = by_priority.get(p, 0)
-                    with_priority = dict(labels)
-                    with_priority["priority"] = str(p)
-                    g.labels(**with_priority).set(value)
+        log_gauge, log_gauge_queue_count = sglang_gauge_writers(labels)
 
         # emit_constants, once at startup
         log_gauge(max_total_num_tokens, stats["max_total_num_tokens"])
