@@ -1,4 +1,4 @@
-import { EntryLists } from './entry-lists.js';
+import { EntryLists, moveFirst } from './entry-lists.js';
 
 /**
  * Content anchors (docs/architecture.md §2): position-independent ids of reusable chunks (a retrieved
@@ -87,7 +87,8 @@ export class ContentAnchorIndex {
       const namespaces = this.anchors.get(a.id); // now the most recently used
       const at = namespaces === undefined ? -1 : indexOfNamespace(namespaces, ns);
       let entry: NamespaceHolders;
-      if (at >= 0) entry = namespaces![at];
+      // the namespace used goes first in the anchor's list: the least recently used goes when it is full
+      if (at >= 0) entry = moveFirst(namespaces!, at);
       else {
         if (namespaces !== undefined && namespaces.length > 0) this.anchors.removeWhere(a.id, expiredBy, now);
         // at capacity, the least recently used anchors go

@@ -8,11 +8,21 @@ import { LRUCache } from 'lru-cache';
 const LOOKUP_OPTIONS = {};
 
 /**
+ * Most entries one id keeps: an anchor is made under a handful of namespaces (adapters, salts,
+ * CLA groups) at once. A client controls the namespace (its cache_salt, its model, its CLA group),
+ * and every lookup of the id walks its list, for every candidate worker of every request naming
+ * it: a list as long as the table's bound made one request naming the id cost a hundred
+ * milliseconds. Past it, the id's least recent entry makes room.
+ */
+export const MAX_ENTRIES_PER_ID = 16;
+
+/**
  * Id → a short list of entries (an anchor's, one for each namespace or CLA group it was
  * recorded under), least recently used by id and bounded in entries over all ids: an id a
  * client names under many namespaces takes its share of the bound, no more. Making room
- * evicts the least recently used id whole; an id never holds more entries than the bound (its
- * least recent entry makes room). A list holds its most recently added entry first.
+ * evicts the least recently used id whole; an id never holds more than MAX_ENTRIES_PER_ID
+ * entries, nor more than the bound (its least recent entry makes room). A list holds its most
+ * recently added entry first (a user moves an entry it uses first: moveFirst).
  */
 export class EntryLists<E> {
   /**
@@ -84,6 +94,11 @@ export class EntryLists<E> {
   add(id: string, entry: E): E[] {
     const lists = (this.lists ??= new LRUCache({ max: this.capacity }));
     let list = lists.get(id);
+    if (list !== undefined && list.length >= MAX_ENTRIES_PER_ID) {
+      this.dropped(list.pop()!);
+      this.count--;
+      this.evicted++;
+    }
     while (this.count >= this.capacity) {
       const next = lists.rkeys().next();
       const oldest = next.done ? undefined : next.value;

@@ -7,6 +7,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { AnchorTable } from '../../src/core/anchor-table.js';
+import { MAX_ENTRIES_PER_ID } from '../../src/core/entry-lists.js';
 import { ContentAnchorIndex } from '../../src/core/content-anchors.js';
 import { chainRoot, type HashNamespace } from '../../src/core/hashing.js';
 import { KVAwareRouter, type RouteRequest } from '../../src/index.js';
@@ -166,5 +167,29 @@ describe('seed anchors and CLA groups', () => {
     seed.route({ anchor: 'doc', claGroup: 1, promptTokens: 8192 }, { track: false });
     seed.route({ anchor: 'doc', claGroup: 2, promptTokens: 8192 }, { track: false });
     assert.equal(seed.getStats().anchorsTracked, 1);
+  });
+});
+
+describe('an anchor named under many namespaces', () => {
+  test('keeps its most recently used namespaces, at most MAX_ENTRIES_PER_ID of them', () => {
+    const index = new ContentAnchorIndex(100_000, 1000);
+    const salted = (i: number) => root({ cacheSalt: `salt-${i}` });
+    // a client naming one id under a new salt for each request: the id keeps a bounded list
+    for (let i = 0; i < 1000; i++) index.record(0, [passage], salted(i), 0);
+    assert.equal(index.size, MAX_ENTRIES_PER_ID);
+    assert.equal(index.heldTokens(0, [passage], salted(999), 1), 900, 'the newest namespace is kept');
+    assert.equal(index.heldTokens(0, [passage], salted(0), 1), 0, 'the oldest made room');
+    // a namespace used again goes first: the one unused longest makes room for the next
+    const oldestKept = 1000 - MAX_ENTRIES_PER_ID;
+    index.record(1, [passage], salted(oldestKept), 2);
+    index.record(0, [passage], salted(5000), 3);
+    assert.equal(index.heldTokens(0, [passage], salted(oldestKept), 4), 900, 'used again: kept');
+    assert.equal(index.heldTokens(0, [passage], salted(oldestKept + 1), 4), 0, 'the least recently used went');
+  });
+
+  test('a seed anchor keeps at most MAX_ENTRIES_PER_ID CLA groups', () => {
+    const table = new AnchorTable(100_000, 0, true);
+    for (let group = 0; group < 200; group++) table.home('doc', 'w0', group);
+    assert.equal(table.size, MAX_ENTRIES_PER_ID);
   });
 });
