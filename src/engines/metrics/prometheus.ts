@@ -232,9 +232,10 @@ function parseExposition(
   maxSeries: number,
 ): Map<string, Sample[]> {
   const series = new Map<string, Sample[]>();
-  // the lengths of the names read: most lines of a page (and every line of a page of short
-  // lines) are passed over by their name's length, before the name is taken out of the text
-  const lengths = names === undefined ? undefined : new Set([...names].map((n) => n.length));
+  // the names read, by length: a line's name is looked for among those of its length in the
+  // page's text, and only a name read is taken out of it (most lines of a page, histograms,
+  // are passed over without a string made for them)
+  const byLength = names === undefined ? undefined : namesByLength(names);
   let seen = 0;
   let lineNo = 0;
   let end: number;
@@ -258,9 +259,9 @@ function parseExposition(
         `line ${lineNo}: a label value runs past the end of its line (a raw newline; the text format writes \\n)`,
       );
     }
-    if (nameEnd === from || (lengths !== undefined && !lengths.has(nameEnd - from))) continue;
-    const name = text.slice(from, nameEnd);
-    if (names !== undefined && !names.has(name)) continue;
+    if (nameEnd === from) continue;
+    const name = byLength === undefined ? text.slice(from, nameEnd) : nameAt(text, from, byLength.get(nameEnd - from));
+    if (name === undefined) continue;
     if (++seen > maxSeries) {
       throw new MetricsFormatError(
         `more than ${maxSeries} series of the load metrics (${name} among them): more than any engine writes`,
@@ -287,6 +288,24 @@ function parseExposition(
     else series.set(name, [sample]);
   }
   return series;
+}
+
+/** `names` grouped by their length. */
+function namesByLength(names: ReadonlySet<string>): Map<number, string[]> {
+  const out = new Map<number, string[]>();
+  for (const n of names) {
+    const list = out.get(n.length);
+    if (list) list.push(n);
+    else out.set(n.length, [n]);
+  }
+  return out;
+}
+
+/** The one of `candidates` (names of one length) that `text` has at `from`, or undefined. */
+function nameAt(text: string, from: number, candidates: readonly string[] | undefined): string | undefined {
+  if (candidates === undefined) return undefined;
+  for (const name of candidates) if (text.startsWith(name, from)) return name;
+  return undefined;
 }
 
 const HASH = 0x23;
@@ -394,16 +413,7 @@ function readLabels(s: string, from: number, to: number): Map<string, string> | 
     const quote = i;
     i = valueEnd(s, quote + 1, to);
     if (i < 0) return undefined;
-    labels.set(
-      name,
-      valueEscapes === NO_ESCAPES
-        ? s.slice(quote + 1, i)
-        : valueEscapes === FEW
-          ? joinRuns(s, quote + 1, i)
-          : valueEscapes === JSON_ESCAPES
-            ? (JSON.parse(s.slice(quote, i + 1)) as string)
-            : unescape(s, quote + 1, i),
-    );
+    labels.set(name, labelValue(s, quote + 1, i));
     i = skipBlanks(s, i + 1, to);
     if (i >= to) break;
     if (s.charCodeAt(i) !== COMMA) return undefined;
@@ -412,56 +422,37 @@ function readLabels(s: string, from: number, to: number): Map<string, string> | 
   return labels;
 }
 
-/** What valueEnd found in the value it read last: */
-let valueEscapes = 0;
-/** no escape the text format reads (`\\`, `\"`, `\n`): the value is its text as written, */
-const NO_ESCAPES = 0;
-/** up to FEW_ESCAPES such escapes: the value is its runs between them, joined, */
-const FEW = 1;
-/** more, and no other escape or control character: JSON reads the value as the text format does, */
-const JSON_ESCAPES = 2;
-/** more, and other escapes or control characters. */
-const OTHER_ESCAPES = 3;
-/**
- * How many escapes a value's runs between them are joined for: JSON.parse reads a value of
- * tens of thousands of characters and one escape several times slower than they are joined.
- */
-const FEW_ESCAPES = 16;
-
 /**
  * The index of the quote that ends the label value starting at `i` (after its opening quote),
- * -1 when there is none before `to`; what escapes it has in `valueEscapes`.
+ * -1 when there is none before `to`.
  */
 function valueEnd(s: string, i: number, to: number): number {
-  let read = 0;
-  let json = true;
   for (; i < to; i++) {
     const c = s.charCodeAt(i);
-    if (c === QUOTE) {
-      valueEscapes = read === 0 ? NO_ESCAPES : read <= FEW_ESCAPES ? FEW : json ? JSON_ESCAPES : OTHER_ESCAPES;
-      return i;
-    }
-    if (c === BACKSLASH) {
-      const next = s.charCodeAt(++i);
-      if (next === BACKSLASH || next === QUOTE || next === LOWER_N) read++;
-      else json = false;
-    } else if (c < 0x20) json = false;
+    if (c === QUOTE) return i;
+    if (c === BACKSLASH) i++;
   }
   return -1;
 }
 
-/** A label value's text (`from` to `to`, without its quotes) with its few escapes read: the runs between them, joined. */
-function joinRuns(s: string, from: number, to: number): string {
-  let value = '';
-  let run = from;
-  for (let at = from; at < to; at++) {
-    if (s.charCodeAt(at) !== BACKSLASH) continue;
-    const next = s.charCodeAt(++at);
-    if (next !== BACKSLASH && next !== QUOTE && next !== LOWER_N) continue;
-    value += s.slice(run, at - 1) + (next === LOWER_N ? '\n' : String.fromCharCode(next));
-    run = at + 1;
+/**
+ * A label value (`from` to `to`, without its quotes) with its escapes read: its text as written
+ * when it has none; read by JSON.parse when its escapes are all the text format's (`\\`, `\"`,
+ * `\n`, JSON's too) and it has no control character; else one by one (unescape).
+ */
+function labelValue(s: string, from: number, to: number): string {
+  let escaped = false;
+  let json = true;
+  for (let i = from; i < to; i++) {
+    const c = s.charCodeAt(i);
+    if (c === BACKSLASH) {
+      escaped = true;
+      const next = s.charCodeAt(++i);
+      if (next !== BACKSLASH && next !== QUOTE && next !== LOWER_N) json = false;
+    } else if (c < 0x20) json = false;
   }
-  return value + s.slice(run, to);
+  if (!escaped) return s.slice(from, to);
+  return json ? (JSON.parse(s.slice(from - 1, to + 1)) as string) : unescape(s, from, to);
 }
 
 /**
