@@ -155,3 +155,33 @@ test('a request kept on a worker out of rotation moves only to a worker whose en
   health.set('long', 'health-check', true);
   assert.equal(moved(), 1, 'moved once a worker whose engine takes it is in rotation');
 });
+
+test('the long engine failing the prompt, the short one answers it with its own 400, not the gateway a 502', async (t) => {
+  const short = await new MockEngine({ model: 'm', maxModelLen: 64 }).start();
+  let longAttempts = 0;
+  const long = await fakeEngine((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      if (req.url === '/v1/models')
+        return void res
+          .writeHead(200, { 'content-type': 'application/json' })
+          .end(JSON.stringify({ object: 'list', data: [{ id: 'm', max_model_len: 4096 }] }));
+      longAttempts++;
+      res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":{"message":"overloaded"}}');
+    });
+  });
+  const { gw, url } = await fleet([
+    { id: 'short', url: `http://127.0.0.1:${short.port}` },
+    { id: 'long', url: long.url },
+  ]);
+  t.after(async () => {
+    await gw.close();
+    await short.close();
+    await long.close();
+  });
+  await until(async () => (await dryRun(gw, url, { prompt: prompt(100) })).worker === 'long', 'the lists read');
+  const r = await complete(url, { prompt: prompt(100, 3), max_tokens: 1 });
+  assert.deepEqual([r.status, r.worker], [400, 'short'], r.text);
+  assert.match(r.text, /maximum context length is 64 tokens/);
+  assert.equal(longAttempts, 1, 'the long engine was tried first');
+});
