@@ -15,7 +15,7 @@ import {
   MAX_TOKENIZER_JSON_BYTES,
   readRegularFile,
 } from './bounded-file.js';
-import { pythonStrip, renderWithPythonNumbers } from './python-jinja.js';
+import { ChatTemplateError, pythonStrip, renderWithPythonNumbers, TemplateBoundError } from './python-jinja.js';
 
 /** Turns a request into the token ids the engine will see (`--tokenize tokenizer`). */
 export interface PromptTokenizer {
@@ -565,11 +565,12 @@ export class ChatTokenizer implements PromptTokenizer {
       });
     } catch (err) {
       // the template refusing the request (raise_exception: ChatTemplateError) and the bounds this
-      // renderer keeps (RangeError) are answered 400, as vLLM answers a template's error; any
-      // other failure is the renderer's (@huggingface/jinja lacks a feature of Python's Jinja2: a
-      // filter, `%` formatting, a test with arguments), not the client's, and the engine may
-      // render the request: it is routed on its text, as media are
-      if (err instanceof RangeError) throw err;
+      // renderer keeps (TemplateBoundError) are answered 400, as vLLM answers a template's error;
+      // any other failure is the renderer's (@huggingface/jinja lacks a feature of Python's Jinja2:
+      // a filter, `%` formatting, a test with arguments; or fails where Jinja2 does not, such as a
+      // negative indent's RangeError), not the client's, and the engine may render the request: it
+      // is routed on its text, as media are
+      if (err instanceof ChatTemplateError || err instanceof TemplateBoundError) throw err;
       throw new UntokenizableContentError(
         `the chat template could not be rendered here (${err instanceof Error ? err.message : String(err)}): routed on the request's text`,
       );

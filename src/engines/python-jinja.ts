@@ -178,6 +178,14 @@ const RAISE_EXCEPTION = toRuntime((message: unknown) => {
  * messages and tools; a hundred thousand is far past any real one.
  */
 export const MAX_TEMPLATE_RANGE = 100_000;
+
+/** A rendering refused by a bound of this renderer's (MAX_TEMPLATE_RANGE): answered 400, naming it. */
+export class TemplateBoundError extends RangeError {
+  constructor(message: string) {
+    super(message);
+    this.name = 'TemplateBoundError';
+  }
+}
 type TemplateFunction = (args: RuntimeValue[], scope: unknown) => RuntimeValue;
 const libraryRange = captured[0] as TemplateFunction;
 /** The library's range(), refused (RangeError) past MAX_TEMPLATE_RANGE items. */
@@ -187,7 +195,7 @@ const boundedRange: TemplateFunction = (args, scope) => {
     const [start, stop, step = 1] = n.length === 1 ? [0, n[0] as number] : (n as number[]);
     const items = step > 0 ? (stop - start) / step : step < 0 ? (start - stop) / -step : 0;
     if (items > MAX_TEMPLATE_RANGE)
-      throw new RangeError(
+      throw new TemplateBoundError(
         `the chat template's range() would make ${Math.ceil(items)} items, more than ${MAX_TEMPLATE_RANGE}`,
       );
   }

@@ -140,4 +140,13 @@ test('a template feature the renderer lacks routes the request on its text, not 
   assert.ok(!('status' in parsed), JSON.stringify(parsed));
   assert.equal(parsed.routeRequest.tokens, undefined, 'no token ids: routed on the messages');
   assert.ok(parsed.routeRequest.messages !== undefined);
+  // a JavaScript RangeError where Jinja2 renders (a negative indent): the renderer's failure too
+  const indent = ChatTokenizer.load(modelDir, {
+    cacheEntries: 0,
+    chatTemplate: '{% for m in messages %}{{ m.content | indent(-2) }}{% endfor %}',
+  });
+  assert.throws(
+    () => indent.tokenizeChatRequest({ messages: [{ role: 'user', content: 'a\nb' }] }),
+    (err: unknown) => err instanceof UntokenizableContentError,
+  );
 });
