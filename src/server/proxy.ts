@@ -304,15 +304,14 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
       }
       // the workers route() leaves out: those not serving the model now and those that failed the
       // request (until one does, the set withoutModel() keeps for the model: nothing is made)
-      const without = listedOnly ? connections.notListing(model) : connections.withoutModel(model);
-      // and the engines whose context is too short for the prompt, when one that has not failed
-      // the request takes it (when none does, the engine's 400 says why, not the gateway's 502)
-      const excluded = connections.withoutRoom(
-        failedWorkers === undefined ? without : union((excludedNow ??= new Set()), without, failedWorkers),
+      const without = connections.withoutRoom(
+        listedOnly ? connections.notListing(model) : connections.withoutModel(model),
         model,
         promptTokens,
         outputTokens,
       );
+      const excluded =
+        failedWorkers === undefined ? without : union((excludedNow ??= new Set()), without, failedWorkers);
       // a whole answer shows no first token: the router reads it off the engine's queue
       const first = routeOr400(
         router,
