@@ -29,7 +29,7 @@ export class EntryLists<E> {
    * Ids never outnumber entries, kept within `capacity`: the cache itself never has to evict.
    * Made at the first entry added: lru-cache sizes its arrays by `capacity` when it is made
    * (tens of milliseconds and megabytes at the default 100,000), and a router that is never
-   * given an anchor (most are) never needs them.
+   * given an anchor (most are) never needs them; the first request to record one pays it, once.
    */
   private lists: LRUCache<string, E[]> | undefined;
   private count = 0;

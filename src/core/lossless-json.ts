@@ -66,11 +66,20 @@ const KEY_ORDER: unique symbol = Symbol('jsonKeyOrder');
 const ARRAY_INDEX = /^(?:0|[1-9]\d{0,9})$/;
 const isArrayIndex = (key: string): boolean => ARRAY_INDEX.test(key) && Number(key) < 2 ** 32 - 1;
 
-/** An object's entries in the order its JSON text (or orderedObject) gave them. */
+/**
+ * An object's entries in the order its JSON text (or orderedObject) gave them; a key deleted
+ * since is left out, and one added since comes after them (as a Python dict would have it).
+ */
 export function jsonEntries(object: object): Array<[string, unknown]> {
   const order = (object as { [KEY_ORDER]?: readonly string[] })[KEY_ORDER];
   const record = object as Record<string, unknown>;
-  return order === undefined ? Object.entries(record) : order.map((k) => [k, record[k]]);
+  if (order === undefined) return Object.entries(record);
+  const entries: Array<[string, unknown]> = [];
+  for (const key of order) if (Object.prototype.hasOwnProperty.call(record, key)) entries.push([key, record[key]]);
+  const keys = Object.keys(record);
+  if (entries.length !== keys.length)
+    for (const key of keys) if (!order.includes(key)) entries.push([key, record[key]]);
+  return entries;
 }
 
 /**

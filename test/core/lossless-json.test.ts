@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { JsonNumber, memberSourceText, parseLosslessJson } from '../../src/core/lossless-json.js';
+import { jsonEntries, JsonNumber, memberSourceText, parseLosslessJson } from '../../src/core/lossless-json.js';
 
 // Python: json.dumps(json.loads(literal)), the text vLLM's templates render for a JSON number
 const PYTHON_JSON: ReadonlyArray<[string, string]> = [
@@ -63,4 +63,14 @@ test('memberSourceText gives a top-level member as written, the last of a repeat
   assert.equal(memberSourceText(text, 'missing'), undefined);
   assert.equal(memberSourceText('[1]', 'tools'), undefined);
   assert.equal(memberSourceText('{"tools": [{"a": 1e-7}]}', 'tools'), '[{"a": 1e-7}]');
+});
+
+test("an object's kept key order leaves out a key deleted since, and puts one added since after the rest", () => {
+  const o = parseLosslessJson('{"b": 1, "2": 2, "a": 3}', 10) as Record<string, unknown>;
+  delete o.b;
+  o.added = 4;
+  assert.deepEqual(
+    jsonEntries(o).map(([k]) => k),
+    ['2', 'a', 'added'],
+  );
 });
