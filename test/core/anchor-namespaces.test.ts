@@ -1,12 +1,10 @@
 /**
  * KV is reusable only within its namespace: the same tokens under another LoRA adapter, cache
  * salt or CLA group make other KV. Content anchors are keyed by the request's namespace as its
- * prefix blocks are, and a seed anchor has a home for each CLA group under every policy but
- * 'seed', which keeps the seed's one home an anchor.
+ * prefix blocks are.
  */
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { AnchorTable } from '../../src/core/anchor-table.js';
 import { MAX_ENTRIES_PER_ID } from '../../src/core/entry-lists.js';
 import { ContentAnchorIndex } from '../../src/core/content-anchors.js';
 import { chainRoot, type HashNamespace } from '../../src/core/hashing.js';
@@ -111,65 +109,6 @@ describe('content anchors', () => {
   });
 });
 
-describe('seed anchors and CLA groups', () => {
-  test("a table by CLA group keeps a home for each group; the seed's keeps one an anchor", () => {
-    const byGroup = new AnchorTable(10, 0, true);
-    byGroup.home('doc', 'w0', 1);
-    byGroup.home('doc', 'w1', 2);
-    assert.equal(byGroup.peek('doc', 1)?.workerId, 'w0');
-    assert.equal(byGroup.peek('doc', 2)?.workerId, 'w1');
-    assert.equal(byGroup.peek('doc', 2)?.claGroup, 2);
-    assert.equal(byGroup.size, 2);
-    // a request naming no group finds the latest home
-    assert.equal(byGroup.peek('doc')?.workerId, 'w1');
-    byGroup.dropWorker('w1');
-    assert.equal(byGroup.peek('doc', 2), undefined);
-    assert.equal(byGroup.peek('doc', 1)?.workerId, 'w0');
-
-    const seed = new AnchorTable(10, 0);
-    seed.home('doc', 'w0', 1);
-    seed.home('doc', 'w1', 2);
-    assert.equal(seed.peek('doc', 1)?.workerId, 'w1');
-    assert.equal(seed.size, 1);
-  });
-
-  test('a table by CLA group holds at most its capacity of homes, however many groups an anchor has', () => {
-    const table = new AnchorTable(4, 100, true);
-    for (let g = 0; g < 10; g++) table.recordBlocks('doc', [`b${g}`], 'w0'); // no group: one home
-    assert.equal(table.size, 1);
-    for (let g = 0; g < 10; g++) table.home('doc', `w${g}`, g);
-    assert.equal(table.size, 4);
-    assert.equal(table.peek('doc', 9)?.workerId, 'w9');
-    assert.equal(table.peek('doc', 0), undefined);
-    // the blocks of the homes that gave way are counted no more
-    assert.equal(table.keptBlockIds, 0);
-  });
-
-  test("under policy cost, two CLA groups using one anchor in turn each find their home's KV", () => {
-    for (const policy of ['cost', 'dynamo', 'llmd'] as const) {
-      const router = new KVAwareRouter({ policy });
-      router.registerWorker('w0', { claGroups: [1] });
-      router.registerWorker('w1', { claGroups: [2] });
-      const one = router.route({ anchor: 'doc', claGroup: 1, promptTokens: 8192 }, { track: false });
-      const two = router.route({ anchor: 'doc', claGroup: 2, promptTokens: 8192 }, { track: false });
-      for (const [group, home] of [
-        [1, one.workerId],
-        [2, two.workerId],
-      ] as const) {
-        const d = router.route({ anchor: 'doc', claGroup: group, promptTokens: 8192 }, { dryRun: true, explain: true });
-        assert.equal(d.explain!.find((e) => e.worker === home)!.cachedTokens, 8192, `${policy}: group ${group}`);
-      }
-      assert.equal(router.getStats().anchorsTracked, 2);
-    }
-    // the seed keeps one home an anchor, whatever the groups using it
-    const seed = new KVAwareRouter({ policy: 'seed' });
-    seed.registerWorker('w0');
-    seed.route({ anchor: 'doc', claGroup: 1, promptTokens: 8192 }, { track: false });
-    seed.route({ anchor: 'doc', claGroup: 2, promptTokens: 8192 }, { track: false });
-    assert.equal(seed.getStats().anchorsTracked, 1);
-  });
-});
-
 describe('an anchor named under many namespaces', () => {
   test('keeps its most recently used namespaces, at most MAX_ENTRIES_PER_ID of them', () => {
     const index = new ContentAnchorIndex(100_000, 1000);
@@ -185,11 +124,5 @@ describe('an anchor named under many namespaces', () => {
     index.record(0, [passage], salted(5000), 3);
     assert.equal(index.heldTokens(0, [passage], salted(oldestKept), 4), 900, 'used again: kept');
     assert.equal(index.heldTokens(0, [passage], salted(oldestKept + 1), 4), 0, 'the least recently used went');
-  });
-
-  test('a seed anchor keeps at most MAX_ENTRIES_PER_ID CLA groups', () => {
-    const table = new AnchorTable(100_000, 0, true);
-    for (let group = 0; group < 200; group++) table.home('doc', 'w0', group);
-    assert.equal(table.size, MAX_ENTRIES_PER_ID);
   });
 });

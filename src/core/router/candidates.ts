@@ -67,7 +67,7 @@ export class CandidateCollector {
     const { workers, anchors, workflows, contentAnchors: contentIndex, index } = this.sources;
     const settings = this.settings;
     const locality = settings.anchorLocalityEnabled && !isolated;
-    const anchor = locality && anchorHash !== undefined ? anchors.peek(anchorHash, claGroup) : undefined;
+    const anchor = locality && anchorHash !== undefined ? anchors.peek(anchorHash) : undefined;
     const previousStepWorker = workflowId !== undefined ? workflows.peek(workflowId)?.workerId : undefined;
     const o = overlap;
     const blockTokens = tokensPerBlock || settings.blockSize;

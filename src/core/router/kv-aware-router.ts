@@ -140,11 +140,7 @@ export class KVAwareRouter {
     this.features = o.builtInPolicy ? newFeatures() : undefined;
     this.countsBlocks = o.countsBlocks;
     // the seed counts no blocks: then none of broadcastNewBlocks()' ids is kept
-    this.anchors = new AnchorTable(
-      o.anchorCapacity,
-      o.countsBlocks ? MAX_ANCHOR_BLOCK_IDS : 0,
-      o.anchorHomesByClaGroup,
-    );
+    this.anchors = new AnchorTable(o.anchorCapacity, o.countsBlocks ? MAX_ANCHOR_BLOCK_IDS : 0);
     this.workflows = new WorkflowTable(o.workflowCapacity);
     this.blockSize = o.blockSize;
     this.textChunkBytes = o.textChunkBytes;

@@ -159,8 +159,7 @@ export const ROUTER_SETTINGS_HELP: Readonly<Record<keyof RouterSettings, string>
   policyOptions:
     "peer policies' options, e.g. {dynamo: {prefillLoadScale: 2}}; defaults are the peers' shipped ones (llmd's and llmd-affinity's scrapeIntervalMs is read by simulate alone: serve and the endpoint picker scrape at --metrics-interval-ms)",
   randomSeed: 'seed of the random source sampling policies use',
-  anchorCapacity:
-    'most seed-API anchor homes remembered, one an anchor under policy `seed`, one for each (anchor, CLA group) under the others (least recently used evicted beyond)',
+  anchorCapacity: 'most seed-API anchors remembered (least recently used evicted beyond)',
   workflowCapacity: 'most workflows remembered for step continuity',
   blockSize: "tokens per KV block (the engines')",
   textChunkBytes: 'bytes per chunk when hashing text (a multiple of 4; about 16 tokens of English at 64)',

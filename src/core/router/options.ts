@@ -131,8 +131,6 @@ export interface ResolvedRouterOptions {
   builtInPolicy: boolean;
   /** The seed never counts blocks; under policy 'seed' activeBlocks stays 0 as there. */
   countsBlocks: boolean;
-  /** A home for each (anchor, CLA group); under policy 'seed' one an anchor, as the seed keeps. */
-  anchorHomesByClaGroup: boolean;
   anchorCapacity: number;
   workflowCapacity: number;
   blockSize: number;
@@ -194,7 +192,6 @@ export function resolveRouterOptions(options: KVAwareRouterOptions): ResolvedRou
     random,
     builtInPolicy: typeof o.policy === 'string',
     countsBlocks: o.policy !== 'seed',
-    anchorHomesByClaGroup: o.policy !== 'seed',
     anchorCapacity: o.anchorCapacity,
     workflowCapacity: o.workflowCapacity,
     blockSize: o.blockSize,
