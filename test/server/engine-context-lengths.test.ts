@@ -4,6 +4,7 @@
  * not to one that answers it 400.
  */
 import assert from 'node:assert/strict';
+import type { ServerResponse } from 'node:http';
 import { test } from 'node:test';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
@@ -11,6 +12,27 @@ import { createGateway, type Gateway } from '../../src/server/gateway.js';
 import { fakeEngine, type FakeEngine } from '../faults/harness.js';
 import { until } from '../helpers/wait.js';
 import { keptRequest, quietConnections } from '../helpers/worker-connections.js';
+
+/**
+ * An engine whose /v1/models lists model m, with `length` as its max_model_len when given, and
+ * that answers every other request with `answer` (a completion by default).
+ */
+function listingEngine(
+  length: number | undefined,
+  answer: (res: ServerResponse) => void = (res) =>
+    res
+      .writeHead(200, { 'content-type': 'application/json' })
+      .end(JSON.stringify({ id: 'c', choices: [{ index: 0, text: 'ok', finish_reason: 'length' }] })),
+): Promise<FakeEngine> {
+  return fakeEngine((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      if (req.url !== '/v1/models') return answer(res);
+      const card = length === undefined ? { id: 'm', object: 'model' } : { id: 'm', max_model_len: length };
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ object: 'list', data: [card] }));
+    });
+  });
+}
 
 /** Prompts as token ids: the gateway knows their length before it routes them. */
 const prompt = (tokens: number, family = 1) => Array.from({ length: tokens }, (_, i) => family * 100_000 + i);
@@ -93,16 +115,7 @@ test('a prompt longer than one engine takes goes to the engine with the longer c
 
 test('an engine that lists no context length, or one not in rotation, leaves nothing out', async (t) => {
   // a list without max_model_len: nothing known of its context
-  const unlisted: FakeEngine = await fakeEngine((req, res) => {
-    req.resume();
-    req.on('end', () => {
-      const body =
-        req.url === '/v1/models'
-          ? { object: 'list', data: [{ id: 'm', object: 'model' }] }
-          : { id: 'c', choices: [{ index: 0, text: 'ok', finish_reason: 'length' }] };
-      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(body));
-    });
-  });
+  const unlisted = await listingEngine(undefined);
   const short = await new MockEngine({ model: 'm', maxModelLen: 64 }).start();
   const { gw, url } = await fleet([
     { id: 'short', url: `http://127.0.0.1:${short.port}` },
@@ -130,15 +143,7 @@ test('an engine that lists no context length, or one not in rotation, leaves not
 });
 
 test('a request kept on a worker out of rotation moves only to a worker whose engine takes its prompt', async (t) => {
-  /** An engine listing model m with context length `length`. */
-  const listing = (length: number) =>
-    fakeEngine((req, res) => {
-      req.resume();
-      res
-        .writeHead(200, { 'content-type': 'application/json' })
-        .end(JSON.stringify({ object: 'list', data: [{ id: 'm', max_model_len: length }] }));
-    });
-  const engines = [await listing(4096), await listing(64), await listing(4096)];
+  const engines = [await listingEngine(4096), await listingEngine(64), await listingEngine(4096)];
   const { health, connections } = quietConnections();
   t.after(async () => {
     await connections.close();
@@ -160,18 +165,11 @@ test("the long engine busy or failing the prompt, the client is answered to try 
   const short = await new MockEngine({ model: 'm', maxModelLen: 64 }).start();
   let longAttempts = 0;
   let answer = 429;
-  const long = await fakeEngine((req, res) => {
-    req.resume();
-    req.on('end', () => {
-      if (req.url === '/v1/models')
-        return void res
-          .writeHead(200, { 'content-type': 'application/json' })
-          .end(JSON.stringify({ object: 'list', data: [{ id: 'm', max_model_len: 4096 }] }));
-      longAttempts++;
-      res
-        .writeHead(answer, { 'content-type': 'application/json', 'retry-after': '2' })
-        .end('{"error":{"message":"overloaded"}}');
-    });
+  const long = await listingEngine(4096, (res) => {
+    longAttempts++;
+    res
+      .writeHead(answer, { 'content-type': 'application/json', 'retry-after': '2' })
+      .end('{"error":{"message":"overloaded"}}');
   });
   const { gw, url } = await fleet([
     { id: 'short', url: `http://127.0.0.1:${short.port}` },
