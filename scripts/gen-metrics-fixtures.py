@@ -67,6 +67,7 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
+from types import SimpleNamespace
 
 OUT = Path(__file__).resolve().parent.parent / "test" / "fixtures" / "metrics"
 
@@ -417,14 +418,47 @@ def sglang_expert_parallel():
 # ---------------------------------------------------------------------------------------------
 
 
+SGLANG_GAUGE_HELP = {
+    "sglang:num_running_reqs": "The number of running requests.",
+    "sglang:token_usage": "The token usage.",
+    "sglang:gen_throughput": "The generation throughput (token/s).",
+    "sglang:num_queue_reqs": "The number of requests in the waiting queue.",
+    "sglang:num_grammar_queue_reqs": "The number of requests in the grammar waiting queue.",
+    "sglang:max_total_num_tokens": "Maximum total number of tokens in the KV cache pool.",
+    "sglang:num_prefill_prealloc_queue_reqs": "The number of requests in the prefill prealloc queue.",
+    "sglang:num_prefill_inflight_queue_reqs": "The number of requests in the prefill inflight queue.",
+    "sglang:num_decode_prealloc_queue_reqs": "The number of requests in the decode prealloc queue.",
+    "sglang:num_decode_transfer_queue_reqs": "The number of requests in the decode transfer queue.",
+    "sglang:num_prefill_bootstrap_queue_reqs": "The number of requests in the prefill bootstrap queue.",
+}
+"""The documentation SchedulerMetricsCollector gives each gauge of the PD pages (the same in both releases)."""
+
+
+def sglang_gauges(labels, names):
+    """The gauges `names` over a scheduler's labels, declared in that order as the collector's
+    __init__ declares them (multiprocess_mode "mostrecent"), each an attribute named as its metric
+    without the "sglang:" prefix."""
+    from prometheus_client import Gauge
+
+    return SimpleNamespace(
+        **{
+            n.split(":", 1)[1]: Gauge(
+                name=n,
+                documentation=SGLANG_GAUGE_HELP[n],
+                labelnames=labels.keys(),
+                multiprocess_mode="mostrecent",
+            )
+            for n in names
+        }
+    )
+
+
 def sglang_pd_scheduler(*, engine_type, stats):
     """One scheduler process of a --disaggregation-mode prefill or decode server (tp 1, no dp):
     SchedulerMetricsCollector(labels) then log_stats(stats). Each mode's log_*_stats sets only
     its own queues; log_stats writes all four, the other mode's at SchedulerStats' default 0."""
 
     def run():
-        from prometheus_client import Gauge
-
         # labels as the scheduler builds them; engine_type is DisaggregationMode.to_engine_type(mode)
         labels = {
             "model_name": SGLANG_MODEL,
@@ -434,49 +468,35 @@ def sglang_pd_scheduler(*, engine_type, stats):
             "moe_ep_rank": 0,
         }
 
-        def gauge(name, documentation):
-            return Gauge(
-                name=name,
-                documentation=documentation,
-                labelnames=labels.keys(),
-                multiprocess_mode="mostrecent",
-            )
+        g = sglang_gauges(
+            labels,
+            [
+                "sglang:num_running_reqs",
+                "sglang:token_usage",
+                "sglang:gen_throughput",
+                "sglang:num_queue_reqs",
+                "sglang:num_grammar_queue_reqs",
+                "sglang:max_total_num_tokens",
+                "sglang:num_prefill_prealloc_queue_reqs",
+                "sglang:num_prefill_inflight_queue_reqs",
+                "sglang:num_decode_prealloc_queue_reqs",
+                "sglang:num_decode_transfer_queue_reqs",
+            ],
+        )
 
-        num_running_reqs = gauge("sglang:num_running_reqs", "The number of running requests.")
-        token_usage = gauge("sglang:token_usage", "The token usage.")
-        gen_throughput = gauge("sglang:gen_throughput", "The generation throughput (token/s).")
-        num_queue_reqs = gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
-        num_grammar_queue_reqs = gauge(
-            "sglang:num_grammar_queue_reqs", "The number of requests in the grammar waiting queue."
-        )
-        max_total_num_tokens = gauge(
-            "sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool."
-        )
-        num_prefill_prealloc_queue_reqs = gauge(
-            "sglang:num_prefill_prealloc_queue_reqs", "The number of requests in the prefill prealloc queue."
-        )
-        num_prefill_inflight_queue_reqs = gauge(
-            "sglang:num_prefill_inflight_queue_reqs", "The number of requests in the prefill inflight queue."
-        )
-        num_decode_prealloc_queue_reqs = gauge(
-            "sglang:num_decode_prealloc_queue_reqs", "The number of requests in the decode prealloc queue."
-        )
-        num_decode_transfer_queue_reqs = gauge(
-            "sglang:num_decode_transfer_queue_reqs", "The number of requests in the decode transfer queue."
-        )
         log_gauge, _ = sglang_gauge_writers(labels)
 
         # log_stats(stats), the lines for the names above, in its order
-        log_gauge(num_running_reqs, stats["num_running_reqs"])
-        log_gauge(token_usage, stats["token_usage"])
-        log_gauge(gen_throughput, stats.get("gen_throughput", 0.0))
-        log_gauge(num_queue_reqs, stats["num_queue_reqs"])
-        log_gauge(num_grammar_queue_reqs, 0)
-        log_gauge(max_total_num_tokens, stats["max_total_num_tokens"])
-        log_gauge(num_prefill_prealloc_queue_reqs, stats.get("num_prefill_prealloc_queue_reqs", 0))
-        log_gauge(num_prefill_inflight_queue_reqs, stats.get("num_prefill_inflight_queue_reqs", 0))
-        log_gauge(num_decode_prealloc_queue_reqs, stats.get("num_decode_prealloc_queue_reqs", 0))
-        log_gauge(num_decode_transfer_queue_reqs, stats.get("num_decode_transfer_queue_reqs", 0))
+        log_gauge(g.num_running_reqs, stats["num_running_reqs"])
+        log_gauge(g.token_usage, stats["token_usage"])
+        log_gauge(g.gen_throughput, stats.get("gen_throughput", 0.0))
+        log_gauge(g.num_queue_reqs, stats["num_queue_reqs"])
+        log_gauge(g.num_grammar_queue_reqs, 0)
+        log_gauge(g.max_total_num_tokens, stats["max_total_num_tokens"])
+        log_gauge(g.num_prefill_prealloc_queue_reqs, stats.get("num_prefill_prealloc_queue_reqs", 0))
+        log_gauge(g.num_prefill_inflight_queue_reqs, stats.get("num_prefill_inflight_queue_reqs", 0))
+        log_gauge(g.num_decode_prealloc_queue_reqs, stats.get("num_decode_prealloc_queue_reqs", 0))
+        log_gauge(g.num_decode_transfer_queue_reqs, stats.get("num_decode_transfer_queue_reqs", 0))
 
     return run
 
@@ -524,8 +544,6 @@ def sglang_pd_priority_scheduler(*, engine_type, stats):
     QueueCount the scheduler hands over (None: SchedulerStats' default, never set by this mode)."""
 
     def run():
-        from prometheus_client import Gauge
-
         # init_new: labels, in this order; engine_type is DisaggregationMode.to_engine_type(mode)
         labels = {
             "model_name": SGLANG_MODEL,
@@ -536,53 +554,38 @@ def sglang_pd_priority_scheduler(*, engine_type, stats):
             "priority": "",
         }
 
-        def gauge(name, documentation):
-            return Gauge(
-                name=name,
-                documentation=documentation,
-                labelnames=labels.keys(),
-                multiprocess_mode="mostrecent",
-            )
-
         # __init__, the gauges of the names below, in its order
-        num_running_reqs = gauge("sglang:num_running_reqs", "The number of running requests.")
-        num_queue_reqs = gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
-        num_grammar_queue_reqs = gauge(
-            "sglang:num_grammar_queue_reqs", "The number of requests in the grammar waiting queue."
-        )
-        gen_throughput = gauge("sglang:gen_throughput", "The generation throughput (token/s).")
-        token_usage = gauge("sglang:token_usage", "The token usage.")
-        num_prefill_bootstrap_queue_reqs = gauge(
-            "sglang:num_prefill_bootstrap_queue_reqs", "The number of requests in the prefill bootstrap queue."
-        )
-        num_prefill_inflight_queue_reqs = gauge(
-            "sglang:num_prefill_inflight_queue_reqs", "The number of requests in the prefill inflight queue."
-        )
-        num_decode_prealloc_queue_reqs = gauge(
-            "sglang:num_decode_prealloc_queue_reqs", "The number of requests in the decode prealloc queue."
-        )
-        num_decode_transfer_queue_reqs = gauge(
-            "sglang:num_decode_transfer_queue_reqs", "The number of requests in the decode transfer queue."
-        )
-        max_total_num_tokens = gauge(
-            "sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool."
+        g = sglang_gauges(
+            labels,
+            [
+                "sglang:num_running_reqs",
+                "sglang:num_queue_reqs",
+                "sglang:num_grammar_queue_reqs",
+                "sglang:gen_throughput",
+                "sglang:token_usage",
+                "sglang:num_prefill_bootstrap_queue_reqs",
+                "sglang:num_prefill_inflight_queue_reqs",
+                "sglang:num_decode_prealloc_queue_reqs",
+                "sglang:num_decode_transfer_queue_reqs",
+                "sglang:max_total_num_tokens",
+            ],
         )
 
         log_gauge, log_gauge_queue_count = sglang_gauge_writers(labels)
 
         # emit_constants, once at startup
-        log_gauge(max_total_num_tokens, stats["max_total_num_tokens"])
+        log_gauge(g.max_total_num_tokens, stats["max_total_num_tokens"])
         # log_stats(stats), the lines for the names above, in its order
         no_breakdown = (0, None)
-        log_gauge_queue_count(num_running_reqs, stats["running"])
-        log_gauge_queue_count(num_queue_reqs, stats["queue"])
-        log_gauge(num_grammar_queue_reqs, 0)
-        log_gauge(gen_throughput, stats.get("gen_throughput", 0.0))
-        log_gauge(token_usage, stats["token_usage"])
-        log_gauge_queue_count(num_prefill_bootstrap_queue_reqs, stats.get("prefill_bootstrap", no_breakdown))
-        log_gauge_queue_count(num_prefill_inflight_queue_reqs, stats.get("prefill_inflight", no_breakdown))
-        log_gauge_queue_count(num_decode_prealloc_queue_reqs, stats.get("decode_prealloc", no_breakdown))
-        log_gauge_queue_count(num_decode_transfer_queue_reqs, stats.get("decode_transfer", no_breakdown))
+        log_gauge_queue_count(g.num_running_reqs, stats["running"])
+        log_gauge_queue_count(g.num_queue_reqs, stats["queue"])
+        log_gauge(g.num_grammar_queue_reqs, 0)
+        log_gauge(g.gen_throughput, stats.get("gen_throughput", 0.0))
+        log_gauge(g.token_usage, stats["token_usage"])
+        log_gauge_queue_count(g.num_prefill_bootstrap_queue_reqs, stats.get("prefill_bootstrap", no_breakdown))
+        log_gauge_queue_count(g.num_prefill_inflight_queue_reqs, stats.get("prefill_inflight", no_breakdown))
+        log_gauge_queue_count(g.num_decode_prealloc_queue_reqs, stats.get("decode_prealloc", no_breakdown))
+        log_gauge_queue_count(g.num_decode_transfer_queue_reqs, stats.get("decode_transfer", no_breakdown))
 
     return run
 
