@@ -17,8 +17,7 @@ const LOOKUP_OPTIONS = {};
 export const MAX_ENTRIES_PER_ID = 16;
 
 /**
- * Id → a short list of entries (an anchor's, one for each namespace or CLA group it was
- * recorded under), least recently used by id and bounded in entries over all ids: an id a
+ * Id → a short list of entries (an anchor's, one for each namespace it was recorded under), least recently used by id and bounded in entries over all ids: an id a
  * client names under many namespaces takes its share of the bound, no more. Making room
  * evicts the least recently used id whole; an id never holds more than MAX_ENTRIES_PER_ID
  * entries, nor more than the bound (its least recent entry makes room). A list holds its most
@@ -35,14 +34,8 @@ export class EntryLists<E> {
   private count = 0;
   private evicted = 0;
 
-  /**
-   * @param capacity most entries over all ids (at least 1)
-   * @param dropped called with each entry evicted or removed, as it goes
-   */
-  constructor(
-    readonly capacity: number,
-    private readonly dropped: (entry: E) => void = () => {},
-  ) {}
+  /** @param capacity most entries over all ids (at least 1) */
+  constructor(readonly capacity: number) {}
 
   /** Entries held over all ids. */
   get size(): number {
@@ -79,7 +72,6 @@ export class EntryLists<E> {
       let latest = -Infinity;
       for (let i = 0; i < list.length; i++) latest = Math.max(latest, until(list[i]));
       if (latest > at || dropped >= most) return latest;
-      for (const entry of list) this.dropped(entry);
       this.count -= list.length;
       this.lists.delete(oldest.value);
     }
@@ -94,20 +86,12 @@ export class EntryLists<E> {
   add(id: string, entry: E): E[] {
     const lists = (this.lists ??= new LRUCache({ max: this.capacity }));
     let list = lists.get(id);
-    if (list !== undefined && list.length >= MAX_ENTRIES_PER_ID) {
-      this.dropped(list.pop()!);
-      this.count--;
-      this.evicted++;
-    }
+    if (list !== undefined && list.length >= Math.min(MAX_ENTRIES_PER_ID, this.capacity)) this.dropLeastRecent(list);
     while (this.count >= this.capacity) {
-      const next = lists.rkeys().next();
-      const oldest = next.done ? undefined : next.value;
-      if (list !== undefined && (oldest === id || list.length >= this.capacity)) {
-        // the id alone fills the bound: its least recent entry goes
-        this.dropped(list.pop()!);
-        this.count--;
-        this.evicted++;
-      } else if (oldest !== undefined) this.evict(oldest);
+      const oldest = lists.rkeys().next();
+      // the id itself the least recently used (it holds the only entries left): its own least recent goes
+      if (oldest.done || oldest.value === id) this.dropLeastRecent(list!);
+      else this.evicted += this.removeWhere(oldest.value, always, undefined);
     }
     if (list === undefined) lists.set(id, (list = []));
     list.unshift(entry);
@@ -124,10 +108,7 @@ export class EntryLists<E> {
     const list = this.lists?.peek(id, LOOKUP_OPTIONS);
     if (list === undefined) return 0;
     let kept = 0;
-    for (const entry of list) {
-      if (gone(entry, arg)) this.dropped(entry);
-      else list[kept++] = entry;
-    }
+    for (const entry of list) if (!gone(entry, arg)) list[kept++] = entry;
     const removed = list.length - kept;
     list.length = kept;
     this.count -= removed;
@@ -135,13 +116,11 @@ export class EntryLists<E> {
     return removed;
   }
 
-  /** Removes an id and its entries (not an eviction). */
-  delete(id: string): void {
-    this.removeWhere(id, always, undefined);
-  }
-
-  private evict(id: string): void {
-    this.evicted += this.removeWhere(id, always, undefined);
+  /** Evicts the last (least recently added or used) of an id's entries. */
+  private dropLeastRecent(list: E[]): void {
+    list.pop();
+    this.count--;
+    this.evicted++;
   }
 }
 
