@@ -22,6 +22,7 @@ import {
   checkRequestLimits,
   deleteRemovedFields,
   removedFieldsIn,
+  longestPromptTokens,
   requestedOutputTokens,
   RequestLimitError,
   type RequestLimits,
@@ -291,6 +292,8 @@ export class RouterPicker implements EndpointPicker {
     let routeRequest: RouteRequest = {};
     let forwarded: Buffer | undefined;
     let preparedBody: Record<string, unknown> | undefined;
+    /** The API path the body was read as (what its engine checks its prompt and output against), when it was. */
+    let promptPath: string | undefined;
     /** The client's body bytes and the edits they take (editedBodyText), when they were kept. */
     let edit: { bytes: Buffer; model: string | undefined; removed: readonly string[] | undefined } | undefined;
     let model: unknown;
@@ -378,6 +381,7 @@ export class RouterPicker implements EndpointPicker {
           };
         routeRequest = prepared.routeRequest;
         preparedBody = prepared.body;
+        promptPath = path;
         // an unchanged body is forwarded as received, byte for byte, unless it is not UTF-8: then
         // the engine gets what the router read (invalid sequences replaced), as from the gateway. A
         // changed one is the client's text edited, not the body serialised again (editedBodyText)
@@ -460,12 +464,18 @@ export class RouterPicker implements EndpointPicker {
       if (modelNarrows) for (const id of this.backend.workersWithoutModel(model)) excluded.add(id);
     }
     // an engine whose context is too short for the prompt is left out when another can take it
-    if (modelNarrows && this.backend.workersWithoutRoom !== undefined && routeRequest.tokens !== undefined) {
+    if (
+      modelNarrows &&
+      this.backend.workersWithoutRoom !== undefined &&
+      routeRequest.tokens !== undefined &&
+      promptPath !== undefined
+    ) {
+      const body = preparedBody ?? {};
       const withoutRoom = this.backend.workersWithoutRoom(
         excluded,
         model,
-        routeRequest.tokens.length,
-        requestedOutputTokens(preparedBody ?? {}),
+        longestPromptTokens(body, promptPath, routeRequest.tokens) ?? routeRequest.tokens.length,
+        requestedOutputTokens(body, promptPath),
       );
       if (withoutRoom !== excluded) for (const id of withoutRoom) excluded.add(id);
     }

@@ -85,6 +85,7 @@ import {
   checkRequestLimits,
   clientMessage,
   RequestLimitError,
+  longestPromptTokens,
   requestedOutputTokens,
   type RequestLimits,
 } from './request-limits.js';
@@ -1201,8 +1202,8 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
       const exclude = connections.withoutRoom(
         connections.withoutModel(prepared.body.model),
         prepared.body.model,
-        routeRequest.tokens?.length,
-        routeRequest.tokens === undefined ? undefined : requestedOutputTokens(prepared.body),
+        longestPromptTokens(prepared.body, path, routeRequest.tokens),
+        routeRequest.tokens === undefined ? undefined : requestedOutputTokens(prepared.body, path),
       );
       let r = routeOr400(router, reply, routeRequest, { dryRun: true, explain: true, exclude }, path);
       if (!r) return reply;

@@ -46,7 +46,7 @@ import {
   type RequestReader,
   type RequestSource,
 } from './openai-request.js';
-import { clientMessage, requestedOutputTokens } from './request-limits.js';
+import { clientMessage, longestPromptTokens, requestedOutputTokens } from './request-limits.js';
 import type { FirstByteDeadlines } from './timeouts.js';
 import { passedHeaders, PassedHeaderRejection } from './passed-headers.js';
 import type { FailureLog } from './failure-log.js';
@@ -188,8 +188,8 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
     const model = prepared.body.model;
     // what an engine's context length is checked against (connections.withoutRoom), when the
     // prompt's token ids are known
-    const promptTokens = prepared.routeRequest.tokens?.length;
-    const outputTokens = promptTokens === undefined ? undefined : requestedOutputTokens(prepared.body);
+    const promptTokens = longestPromptTokens(prepared.body, path, prepared.routeRequest.tokens);
+    const outputTokens = promptTokens === undefined ? undefined : requestedOutputTokens(prepared.body, path);
     let notServing = connections.withoutModel(model);
     // before answering that no worker serves the model, what the engines list is read again (at
     // most once a second, refreshModels()): an engine may have loaded the adapter, or restarted

@@ -929,16 +929,47 @@ export function checkTokenBudget(value: unknown, param: string): void {
     throw new RequestLimitError(`${param} must be a non-negative integer (the most tokens to generate)`, param);
 }
 
+/** What vLLM's and SGLang's `/v1/completions` generate when `max_tokens` is absent (CompletionRequest's default). */
+export const COMPLETION_DEFAULT_MAX_TOKENS = 16;
+
 /**
- * The output tokens a request asks for, as an engine checks them against its context length:
- * `max_completion_tokens` when it is more than 0, else `max_tokens` (vLLM's
- * `request.max_completion_tokens or request.max_tokens`), undefined when neither is given (the
- * engine then fills what the context leaves). Read after checkTokenBudget passed both.
+ * The output tokens a request asks for, as the engine on `path` checks them against its context
+ * length; undefined when the engine is left to fill what the context leaves (an explicit null).
+ * Read after checkTokenBudget passed the fields.
+ * - a chat: `max_completion_tokens` when it is more than 0, else `max_tokens` (vLLM's
+ *   `request.max_completion_tokens or request.max_tokens`), undefined when neither is given;
+ * - a completion: `max_tokens`, 16 when absent (vLLM's CompletionRequest, vllm-project/vllm
+ *   vllm/entrypoints/openai/completion/protocol.py, `max_tokens: int | None = 16`; SGLang's
+ *   CompletionRequest alike). The endpoint has no `max_completion_tokens`: one sent there is
+ *   ignored by the engine, and so here.
  */
-export function requestedOutputTokens(body: Record<string, unknown>): number | undefined {
+export function requestedOutputTokens(body: Readonly<Record<string, unknown>>, path: string): number | undefined {
+  if (path === '/v1/completions') {
+    const given = body.max_tokens;
+    return typeof given === 'number' ? given : given === undefined ? COMPLETION_DEFAULT_MAX_TOKENS : undefined;
+  }
   const completion = body.max_completion_tokens;
   if (typeof completion === 'number' && completion > 0) return completion;
   return typeof body.max_tokens === 'number' ? body.max_tokens : undefined;
+}
+
+/**
+ * The prompt length an engine checks against its context length: the longest prompt of a
+ * completion's batch of token-id lists (the engine checks each, though the router hashes the
+ * first), else the length of the token ids the request is routed on; undefined when they are not
+ * known (a prompt routed on its text).
+ */
+export function longestPromptTokens(
+  body: Readonly<Record<string, unknown>>,
+  path: string,
+  tokens: ArrayLike<number> | undefined,
+): number | undefined {
+  if (tokens === undefined) return undefined;
+  const prompt = path === '/v1/completions' ? body.prompt : undefined;
+  if (!Array.isArray(prompt) || !Array.isArray(prompt[0])) return tokens.length;
+  let longest = tokens.length;
+  for (const p of prompt as readonly unknown[]) if (Array.isArray(p) && p.length > longest) longest = p.length;
+  return longest;
 }
 
 /**

@@ -52,3 +52,25 @@ test('a prompt too long for one engine is picked on the engine with the longer c
   }
   assert.deepEqual([...picked].sort(), [shortAt, longAt].sort(), 'short prompts are picked on both');
 });
+
+test("a completion's default output length counts, and a batch by its longest prompt", async () => {
+  const [, longAt] = picker.fleet.endpoints;
+  // 50 prompt tokens and a completion's default 16 do not fit in 64; nor a batch whose second
+  // prompt is the long one
+  const requests: Array<[string, Record<string, unknown>]> = [];
+  for (let i = 0; i < 3; i++) {
+    requests.push(['/v1/completions', { model: 'mock', prompt: prompt(50, 20 + i) }]);
+    requests.push([
+      '/v1/completions',
+      { model: 'mock', prompt: [prompt(5, 40 + i), prompt(100, 45 + i)], max_tokens: 1 },
+    ]);
+  }
+  for (const [path, request] of requests) {
+    const out = await picker.envoy.request({ headers: { ':path': path }, body: JSON.stringify(request) });
+    assert.equal(out.kind, 'routed', out.kind === 'immediate' ? out.body : '');
+    if (out.kind !== 'routed') return;
+    assert.equal(out.endpoints[0], longAt, `${path} ${JSON.stringify(request).slice(0, 60)}`);
+    await out.stream.respondHeaders({ served: out.endpoints[0] }, true);
+    await finish(out.stream);
+  }
+});

@@ -101,10 +101,32 @@ test('a prompt longer than one engine takes goes to the engine with the longer c
     const r = await complete(url, { prompt: prompt(40, 80 + i), max_tokens: 30 });
     assert.deepEqual([r.status, r.worker], [200, 'long'], r.text);
   }
-  // chat's max_completion_tokens counts before max_tokens
+  // a completion without max_tokens asks for the engines' default of 16 tokens: 50 + 16 does not
+  // fit in 64 (the short engine's 400), 40 + 16 does
+  for (let i = 0; i < 4; i++) {
+    const r = await complete(url, { prompt: prompt(50, 60 + i) });
+    assert.deepEqual([r.status, r.worker], [200, 'long'], r.text);
+  }
+  const defaultFits = new Set<string | null>();
+  for (let i = 0; i < 4; i++) {
+    const r = await complete(url, { prompt: prompt(40, 70 + i) });
+    assert.equal(r.status, 200, r.text);
+    defaultFits.add(r.worker);
+  }
+  assert.deepEqual([...defaultFits].sort(), ['long', 'short']);
+  // the completions endpoint has no max_completion_tokens (chat's): the engine reads max_tokens
+  // only, so a prompt that fits with it goes to either engine
+  const completionField = new Set<string | null>();
   for (let i = 0; i < 4; i++) {
     const r = await complete(url, { prompt: prompt(40, 90 + i), max_tokens: 1, max_completion_tokens: 30 });
-    assert.deepEqual([r.status, r.worker], [200, 'long'], r.text);
+    assert.equal(r.status, 200, r.text);
+    completionField.add(r.worker);
+  }
+  assert.deepEqual([...completionField].sort(), ['long', 'short']);
+  // a batch is checked by its longest prompt, whichever the router hashes (the first)
+  for (let i = 0; i < 4; i++) {
+    const r = await dryRun(gw, url, { prompt: [prompt(10, 110 + i), prompt(100, 120 + i)], max_tokens: 1 });
+    assert.equal(r.worker, 'long');
   }
   // too long for every engine: the engine's own 400 says so, not a 503 for want of a worker
   const tooLong = await complete(url, { prompt: prompt(5000, 99), max_tokens: 1 });

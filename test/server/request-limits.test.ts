@@ -8,6 +8,7 @@ import {
   checkRequestLimits,
   clientMessage,
   DEFAULT_REQUEST_LIMITS,
+  longestPromptTokens,
   MAX_BIASED_TOKENS,
   parseJsonBody,
   readMessages,
@@ -16,6 +17,7 @@ import {
   readPrompt,
   readRouteRequest,
   RequestLimitError,
+  requestedOutputTokens,
   type JsonLimits,
 } from '../../src/server/request-limits.js';
 
@@ -972,4 +974,30 @@ test("a message's tools send the messages' JSON text to the tokenizer, whatever 
   }
   const plain = parseJsonBody('{"messages":[{"role":"user","content":"hi"}]}', jsonLimits(64));
   assert.equal(chatTemplateRequest(plain as Record<string, unknown>).messagesJson, undefined);
+});
+
+test('the output tokens an engine checks against its context, per endpoint', () => {
+  const chat = '/v1/chat/completions';
+  const completions = '/v1/completions';
+  // chat: max_completion_tokens over max_tokens (vLLM's `or`: 0 falls through), none when neither
+  assert.equal(requestedOutputTokens({ max_completion_tokens: 30, max_tokens: 1 }, chat), 30);
+  assert.equal(requestedOutputTokens({ max_completion_tokens: 0, max_tokens: 5 }, chat), 5);
+  assert.equal(requestedOutputTokens({}, chat), undefined);
+  assert.equal(requestedOutputTokens({ max_tokens: null }, chat), undefined);
+  // completions: max_tokens only, the engines' 16 when absent, none when null
+  assert.equal(requestedOutputTokens({}, completions), 16);
+  assert.equal(requestedOutputTokens({ max_tokens: 0 }, completions), 0);
+  assert.equal(requestedOutputTokens({ max_tokens: null }, completions), undefined);
+  assert.equal(requestedOutputTokens({ max_tokens: 3, max_completion_tokens: 3000 }, completions), 3);
+  assert.equal(requestedOutputTokens({ max_completion_tokens: 3000 }, completions), 16);
+});
+
+test("a batch's longest prompt is what an engine checks against its context", () => {
+  const completions = '/v1/completions';
+  assert.equal(longestPromptTokens({ prompt: [[1, 2], [1, 2, 3, 4, 5], [1]] }, completions, [1, 2]), 5);
+  assert.equal(longestPromptTokens({ prompt: [1, 2, 3] }, completions, [1, 2, 3]), 3);
+  // a batch of strings: only the routed prompt's ids are known
+  assert.equal(longestPromptTokens({ prompt: ['a', 'b b b'] }, completions, [7]), 1);
+  assert.equal(longestPromptTokens({ prompt: [[1], [1, 2]] }, completions, undefined), undefined);
+  assert.equal(longestPromptTokens({ messages: [] }, '/v1/chat/completions', [1, 2, 3]), 3);
 });
