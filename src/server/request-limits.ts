@@ -253,13 +253,22 @@ export const GRAMMAR_FIELDS: readonly string[] = [
 ];
 
 /**
+ * The deepest JSON body an operator may allow (--max-json-depth). Every check of a body (its
+ * size walk, its finite numbers, a chat's copy for its template) recurses once per level, and
+ * Node's stack holds a few thousand such frames: a body nested deeper would end in the stack's
+ * RangeError, a 500, not a 400 naming the field. The engines stop sooner: Python's recursion
+ * limit is 1000.
+ */
+export const MAX_JSON_DEPTH = 1000;
+
+/**
  * The limits' types and ranges, declared once: checkRequestLimits parses through it and
  * `serve`'s settings (flags, environment, config file) take their entries from it.
  */
 export const REQUEST_LIMITS_SCHEMA = z.strictObject({
   maxIdBytes: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxIdBytes),
   maxAnchors: z.int().min(1).max(MAX_CONTENT_ANCHORS).default(DEFAULT_REQUEST_LIMITS.maxAnchors),
-  maxJsonDepth: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxJsonDepth),
+  maxJsonDepth: z.int().min(1).max(MAX_JSON_DEPTH).default(DEFAULT_REQUEST_LIMITS.maxJsonDepth),
   maxJsonContainers: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxJsonContainers),
   maxJsonObjectMembers: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxJsonObjectMembers),
   maxGrammarBytes: z.int().min(1).default(DEFAULT_REQUEST_LIMITS.maxGrammarBytes),

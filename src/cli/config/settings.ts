@@ -233,7 +233,7 @@ const gatewayHelp: Record<Exclude<keyof typeof gatewayShape, keyof typeof router
     help: "longest workflow id, agent role, anchor id and cache_salt (UTF-8 bytes); model, user, request_id, rid, session_id, lora_path and extra_key take 4 ×; the router's own bound on the ids it is handed (its maxIdBytes) follows it",
   },
   maxAnchors: { arg: '<n>', help: 'most content anchors per request' },
-  maxJsonDepth: { arg: '<n>', help: 'deepest nesting of a JSON body' },
+  maxJsonDepth: { arg: '<n>', help: 'deepest nesting of a JSON body (at most 1000)' },
   maxJsonContainers: { arg: '<n>', help: 'most arrays and objects in a JSON body (counted before it is parsed)' },
   maxJsonObjectMembers: {
     arg: '<n>',
