@@ -1247,20 +1247,28 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const modelLists = new Map<string, Promise<GatheredModels>>();
   /**
    * Every available worker's models, each listed once, its reads carrying `forwarded` as their
-   * Via; with how many workers were asked and those that gave no list, and why.
+   * Via; with how many workers were asked and those that gave no list, and why. The lists are
+   * merged in the workers' order, whichever answers first; a model that engines list with
+   * different context lengths (`max_model_len`) is listed with the longest: the gateway sends a
+   * prompt to an engine whose context takes it (WorkerConnections.withoutRoom).
    */
   const gatherModels = async (forwarded: string): Promise<GatheredModels> => {
-    const seen = new Map<string, unknown>();
+    const seen = new Map<string, ModelCard>();
     const failed: Array<{ worker: string; failure: string }> = [];
     const asked = router.listWorkers().filter((w) => w.available);
-    await Promise.all(
+    const reads = await Promise.all(
       asked.map(async (w) => {
         const c = connections.get(w.id);
-        const read = c ? await connections.readModels(c, forwarded) : { failure: 'removed' };
-        if ('failure' in read) return void failed.push({ worker: w.id, failure: read.failure });
-        for (const m of read.models) if (!seen.has(m.id)) seen.set(m.id, m);
+        return c ? await connections.readModels(c, forwarded) : { failure: 'removed' };
       }),
     );
+    reads.forEach((read, i) => {
+      if ('failure' in read) return void failed.push({ worker: asked[i].id, failure: read.failure });
+      for (const m of read.models as readonly ModelCard[]) {
+        const kept = seen.get(m.id);
+        if (kept === undefined || longerContext(m.max_model_len, kept.max_model_len)) seen.set(m.id, m);
+      }
+    });
     return { data: [...seen.values()], asked: asked.length, failed };
   };
   if (openAi)
@@ -1883,4 +1891,15 @@ function answerMethodNotAllowed(socket: Duplex, req: IncomingMessage, allowed: r
 /** What a route threw, as an Error (anything else thrown is wrapped). */
 function toError(err: unknown): Error & { statusCode?: number } {
   return err instanceof Error ? err : new Error(String(err));
+}
+
+/** An engine's entry of its /v1/models list, as far as the gateway reads it. */
+interface ModelCard {
+  id: string;
+  max_model_len?: unknown;
+}
+
+/** `length` is a context length longer than `than` (a model card's `max_model_len`, either maybe absent or not a number). */
+function longerContext(length: unknown, than: unknown): boolean {
+  return typeof length === 'number' && (typeof than !== 'number' || length > than);
 }

@@ -216,3 +216,37 @@ test("the long engine busy or failing the prompt, the client is answered to try 
   }
   assert.equal(gw.router.getStats().inFlightRequests, 0);
 });
+
+test('/v1/models lists a model with the longest context its engines list, whichever answers first', async (t) => {
+  // the long engine answers its list only once the short one has answered its own
+  let shortAnswered: () => void = () => {};
+  const shortListed = new Promise<void>((resolve) => (shortAnswered = resolve));
+  const card = (length: number) => JSON.stringify({ object: 'list', data: [{ id: 'm', max_model_len: length }] });
+  const long = await fakeEngine((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      if (req.url !== '/v1/models') return void res.writeHead(404).end();
+      void shortListed.then(() => res.writeHead(200, { 'content-type': 'application/json' }).end(card(4096)));
+    });
+  });
+  const short = await fakeEngine((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      if (req.url !== '/v1/models') return void res.writeHead(404).end();
+      res.writeHead(200, { 'content-type': 'application/json' }).end(card(64), () => shortAnswered());
+    });
+  });
+  const { gw, url } = await fleet([
+    { id: 'short', url: short.url },
+    { id: 'long', url: long.url },
+  ]);
+  t.after(async () => {
+    await gw.close();
+    await long.close();
+    await short.close();
+  });
+  const r = await fetch(`${url}/v1/models`);
+  const listed = (await r.json()) as { data: Array<{ id: string; max_model_len?: number }> };
+  assert.equal(r.status, 200);
+  assert.deepEqual(listed.data, [{ id: 'm', max_model_len: 4096 }]);
+});
