@@ -354,7 +354,7 @@ export function createProxyHandler(deps: ProxyDeps, path: OpenAiPath) {
         return openAiError(
           answered(reply),
           503,
-          `no worker can take the request now (${noWorkerSummary(router, connections, excluded)})`,
+          `no worker can take the request now (${noWorkerSummary(router, connections, excluded, model)})`,
           null,
           'no_worker_available',
         );
@@ -751,8 +751,16 @@ function clientRetryAfter(engineRetryAfterS: number | undefined): number {
   return Math.min(Math.max(engineRetryAfterS, 1), MAX_CLIENT_RETRY_AFTER_S);
 }
 
-/** Why a worker takes no request now, as the 503 no_worker_available counts it (the first that applies). */
-function workerOutReason(w: WorkerState, connections: WorkerConnections, excluded: ReadonlySet<string>): string {
+/**
+ * Why a worker takes no request now, as the 503 no_worker_available counts it (the first that
+ * applies); a worker left out that serves `model` was left out for its context length.
+ */
+function workerOutReason(
+  w: WorkerState,
+  connections: WorkerConnections,
+  excluded: ReadonlySet<string>,
+  model: unknown,
+): string {
   if (w.draining) return 'draining';
   if (!w.healthy) {
     const reasons = connections.outOfRotationReasons(w.id);
@@ -765,7 +773,10 @@ function workerOutReason(w: WorkerState, connections: WorkerConnections, exclude
     if (reasons.includes('stall')) return 'engine stalled';
     return 'unhealthy';
   }
-  if (excluded.has(w.id)) return 'not serving the model';
+  if (excluded.has(w.id))
+    return model !== undefined && !connections.withoutModel(model).has(w.id)
+      ? 'context too short for the prompt'
+      : 'not serving the model';
   return 'not chosen by the policy';
 }
 
@@ -778,12 +789,13 @@ export function noWorkerSummary(
   router: KVAwareRouter,
   connections: WorkerConnections,
   excluded: ReadonlySet<string>,
+  model?: unknown,
 ): string {
   const counts = new Map<string, number>();
   let workers = 0;
   for (const w of router.listWorkers()) {
     workers++;
-    const reason = workerOutReason(w, connections, excluded);
+    const reason = workerOutReason(w, connections, excluded, model);
     counts.set(reason, (counts.get(reason) ?? 0) + 1);
   }
   if (workers === 0) return 'no worker is registered';

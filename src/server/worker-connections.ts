@@ -1013,9 +1013,13 @@ export class WorkerConnections {
    * left), when a worker in rotation outside them may take it: one whose engine lists a longer
    * context, or none. In a fleet whose engines were started with different --max-model-len (GPUs
    * of several sizes serving one model) a long prompt goes to one that takes it, not to one that
-   * answers it 400. When none in rotation would, `without` is answered, and the engine's 400 says
-   * why to the client; with `evenWhenNoneLeft` (a request kept on a worker out of rotation, whose
-   * engine may still answer it, deciding whether to move) the short ones are left out even then.
+   * answers it 400. When none in rotation would, the short ones are still left out if an engine
+   * out of rotation for now (unhealthy: a failing health check, an open breaker; not draining)
+   * lists a context that takes the prompt: the client is answered 503 to try again, not told by
+   * the short engine's 400 that the prompt is too long for the fleet. Otherwise `without` is
+   * answered, and the engine's 400 says why; with `evenWhenNoneLeft` (a request kept on a worker
+   * out of rotation, whose engine may still answer it, deciding whether to move) the short ones
+   * are left out even then.
    * Without the prompt's token count (token ids not known before routing) nothing is left out; a
    * prompt shorter than every listed context costs one comparison.
    */
@@ -1030,14 +1034,16 @@ export class WorkerConnections {
     if (!exceedsContext(this.shortestContext(model), promptTokens, maxTokens)) return without;
     let tooShort: Set<string> | undefined;
     let roomLeft = false;
+    let roomOutOfRotation = false;
     for (const w of this.options.router.listWorkers()) {
       if (without.has(w.id)) continue;
       const length = this.connections.get(w.id)?.contextLengths.get(model);
       if (length !== undefined && exceedsContext(length, promptTokens, maxTokens))
         (tooShort ??= new Set(without)).add(w.id);
       else if (w.available) roomLeft = true;
+      else if (length !== undefined && !w.draining) roomOutOfRotation = true;
     }
-    return tooShort !== undefined && (roomLeft || evenWhenNoneLeft) ? tooShort : without;
+    return tooShort !== undefined && (roomLeft || roomOutOfRotation || evenWhenNoneLeft) ? tooShort : without;
   }
 
   /** The shortest context length an engine lists for `model`; Infinity when none lists one. */

@@ -183,6 +183,61 @@ test('a request kept on a worker out of rotation moves only to a worker whose en
   assert.equal(moved(), 1, 'moved once a worker whose engine takes it is in rotation');
 });
 
+test('the only engines that take a prompt out of rotation for now: the short ones are still left out', async (t) => {
+  const engines = [await listingEngine(64), await listingEngine(4096), await listingEngine(undefined)];
+  const { router, health, connections } = quietConnections();
+  t.after(async () => {
+    await connections.close();
+    for (const e of engines) await e.close();
+  });
+  ['short', 'long', 'unlisted'].forEach((id, i) => connections.add({ id, url: engines[i].url }));
+  for (const id of ['short', 'long', 'unlisted']) await connections.readAdapters(id);
+  const without = (tokens: number) => [...connections.withoutRoom(new Set(), 'm', tokens, 1)].sort();
+  // the unlisted engine out of the way: what is known of a context decides
+  router.drainWorker('unlisted');
+  assert.deepEqual(without(100), ['short'], 'the long engine in rotation');
+  // unhealthy for now (a failing health check, an open breaker): a 503 to try again beats the
+  // short engine's 400, which would tell the client the prompt is too long for the fleet
+  health.set('long', 'health-check', false, 'HTTP 500');
+  assert.deepEqual(without(100), ['short']);
+  assert.deepEqual(without(10), [], 'a prompt the short engine takes');
+  // drained, it is on its way out: the short engine answers, with its 400
+  health.set('long', 'health-check', true);
+  router.drainWorker('long');
+  assert.deepEqual(without(100), []);
+});
+
+test('the long engine unhealthy for now: the client is answered 503 to try again, saying why', async (t) => {
+  const short = await new MockEngine({ model: 'm', maxModelLen: 64 }).start();
+  const long = await new MockEngine({ model: 'm', maxModelLen: 4096 }).start();
+  const { gw, url } = await fleet([
+    { id: 'short', url: `http://127.0.0.1:${short.port}` },
+    { id: 'long', url: `http://127.0.0.1:${long.port}` },
+  ]);
+  t.after(async () => {
+    await gw.close();
+    await short.close();
+    await long.close();
+  });
+  await until(async () => (await dryRun(gw, url, { prompt: prompt(100) })).worker === 'long', 'the lists read');
+  gw.health.set('long', 'health-check', false, 'HTTP 500');
+  const r = await fetch(`${url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'm', prompt: prompt(100, 7), max_tokens: 1 }),
+  });
+  const text = await r.text();
+  assert.equal(r.status, 503, text);
+  assert.equal(r.headers.get('retry-after'), '1');
+  assert.match(text, /no_worker_available/);
+  assert.match(text, /1 context too short for the prompt/);
+  assert.match(text, /1 health check failing/);
+  // a prompt the short engine takes is served meanwhile
+  const fits = await complete(url, { prompt: prompt(10, 8), max_tokens: 1 });
+  assert.deepEqual([fits.status, fits.worker], [200, 'short'], fits.text);
+  assert.equal(gw.router.getStats().inFlightRequests, 0);
+});
+
 test("the long engine busy or failing the prompt, the client is answered to try again, not the short engine's 400", async (t) => {
   const short = await new MockEngine({ model: 'm', maxModelLen: 64 }).start();
   let longAttempts = 0;
