@@ -12,7 +12,9 @@ import { EnvoyRole } from './envoy-role.js';
 import { startPickerWithClients, type ExtProcClient, type PickerFleet } from './harness.js';
 import { until } from '../helpers/wait.js';
 
-const REQUEST_TIMEOUT_MS = 300;
+// long enough that a body sent whole arrives in time on a busy machine (at 300 ms, one read
+// beside a full test run did not), short enough to keep the test quick
+const REQUEST_TIMEOUT_MS = 1500;
 
 let fleet: PickerFleet;
 let envoy: EnvoyRole;
