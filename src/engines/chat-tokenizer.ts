@@ -182,9 +182,13 @@ const MAX_JOINED_MESSAGES = 8;
  * segment only where it is exactly what the whole rendering has there: templates that render
  * a message differently once more follow (Qwen3 drops the reasoning of earlier turns and
  * opens a thinking block for the newest assistant turn) are handled, a message that cannot
- * be cut after joining the segment of the messages that follow it. Cutting after a message gives the same ids as
- * tokenizing the whole text because chat templates end each message with a special token or
- * a newline that pre-tokenization splits on anyway (the parity test checks it).
+ * be cut after joining the segment of the messages that follow it. A cut is made only where
+ * one of the tokenizer's added tokens (a special token such as `<|im_start|>`) begins in the
+ * whole text and none straddles it (cutsCleanly): the tokenizer splits a text on its added
+ * tokens before anything else, so the pieces on either side tokenize alone as they do in the
+ * whole text. Most templates open each message with a special token; DeepSeek-V3's runs the
+ * system prompts into the first turn (`First.` then `\n\nSecond.`, which its tokenizer writes
+ * with a `.\n\n` token), where no cut is made (the parity tests check it).
  */
 export class ChatTokenizer implements PromptTokenizer {
   readonly stats: ChatTokenizerStats = { segmentHits: 0, segmentMisses: 0, wholeRenders: 0, segmentsJoined: 0 };
@@ -202,6 +206,15 @@ export class ChatTokenizer implements PromptTokenizer {
   private readonly specialsOnEmpty: boolean;
   /** The id of the tokenizer's BOS token, if it has one (SGLang drops it from a continued final message's ids). */
   private readonly bosId: number | undefined;
+  /** The text of every added token, none of which may straddle a cut (cutsCleanly). */
+  private readonly addedTexts: ReadonlySet<string>;
+  /**
+   * The added tokens a cut may fall before: matched on the text as it is (not normalized),
+   * taking no whitespace before them (not lstrip) and not only as a whole word.
+   */
+  private readonly cutBefore: ReadonlySet<string>;
+  /** The longest added token's length in UTF-16 units. */
+  private readonly addedMaxLength: number;
   /** specialTokensAround's answer; null until asked. */
   private around: { before: number[]; after: number[] } | undefined | null = null;
 
@@ -236,6 +249,12 @@ export class ChatTokenizer implements PromptTokenizer {
     }
     if (Array.isArray(config.additional_special_tokens))
       this.specialTokens.additional_special_tokens = config.additional_special_tokens;
+    const added = [...tokenizer.get_added_tokens_decoder().values()];
+    this.addedTexts = new Set(added.map((t) => t.content));
+    this.cutBefore = new Set(
+      added.filter((t) => !t.normalized && !t.lstrip && !t.single_word && t.content !== '').map((t) => t.content),
+    );
+    this.addedMaxLength = added.reduce((n, t) => Math.max(n, t.content.length), 0);
     const bos = this.specialTokens.bos_token;
     this.bosId = typeof bos === 'string' ? (tokenizer.token_to_id(bos) ?? undefined) : undefined;
     this.cacheEntries = options.cacheEntries ?? 50_000;
@@ -400,6 +419,8 @@ export class ChatTokenizer implements PromptTokenizer {
       const next = digest(key, conversation[i]);
       const seg = this.segments?.peek(next);
       if (!seg || !whole.startsWith(seg.text, rendered.length)) break;
+      // what follows the cached segment may differ from what followed it when it was cut
+      if (seg !== NO_CUT && !this.cutsCleanly(whole, rendered.length + seg.text.length)) break;
       this.segments!.get(next); // a use: eviction takes the coldest
       key = next;
       rendered += seg.text;
@@ -418,7 +439,9 @@ export class ChatTokenizer implements PromptTokenizer {
       } catch {
         return undefined; // a template that refuses a partial conversation
       }
-      return text.startsWith(rendered) && whole.startsWith(text) ? text : undefined;
+      return text.startsWith(rendered) && whole.startsWith(text) && this.cutsCleanly(whole, text.length)
+        ? text
+        : undefined;
     };
     /** Caches messages[from..end) as one segment ending in `text`, the output for messages[0..end). */
     const cut = (from: number, end: number, text: string) => {
@@ -464,6 +487,25 @@ export class ChatTokenizer implements PromptTokenizer {
     const around = this.specialTokensAround();
     if (around === undefined) return this.tokenizer.encode(whole, { add_special_tokens: true }).ids;
     return around.before.length === 0 && around.after.length === 0 ? out : [...around.before, ...out, ...around.after];
+  }
+
+  /**
+   * Whether `text` tokenizes as its two pieces cut at `at` do: an added token (cutBefore) begins
+   * at `at` and no added token straddles it, so the tokenizer's own split on its added tokens
+   * falls there. A cut inside plain text is refused, however the template ends its messages:
+   * pre-tokenization and merges run across it (`.` and `\n\n` are one token to many tokenizers).
+   */
+  private cutsCleanly(text: string, at: number): boolean {
+    if (at <= 0 || at >= text.length) return true;
+    const longest = this.addedMaxLength;
+    let begins = false;
+    for (let n = 1; n <= longest && at + n <= text.length && !begins; n++)
+      begins = this.cutBefore.has(text.slice(at, at + n));
+    if (!begins) return false;
+    for (let start = Math.max(0, at - longest + 1); start < at; start++)
+      for (let end = at + 1; end <= Math.min(text.length, start + longest); end++)
+        if (this.addedTexts.has(text.slice(start, end))) return false;
+    return true;
   }
 
   /** The special tokens the tokenizer's post-processor puts before and after a text's ids, once. */

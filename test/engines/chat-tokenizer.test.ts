@@ -77,6 +77,52 @@ test('messages that render differently as the last one are cut together with the
   assert.deepEqual(t.tokenize({ messages: branch }), wholeTokens(branch, thinking));
 });
 
+test('no cut inside plain text: only where an added token begins and none straddles the cut', () => {
+  // messages run together with no special token between them (as DeepSeek-V3's system
+  // prompts, where "." and "\n\n" are one token): the output for a prefix is a prefix of the
+  // whole, but a word the cut splits is tokenized as two
+  const joined = '{% for m in messages %}{{ m.content }}{% endfor %}';
+  const special = '{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}';
+  const messages: ChatMessage[] = [
+    { role: 'system', content: 'Sec' },
+    { role: 'user', content: 'ond' },
+    { role: 'user', content: 'ary' },
+  ];
+  const ids = (text: string) => reference.encode(text, { add_special_tokens: false }).ids;
+  const whole = (template: string, m: ChatMessage[]) => ids(new Template(template).render({ messages: m }));
+  assert.notDeepEqual(ids('Second'), [...ids('Sec'), ...ids('ond')], 'the premise: a cut changes the ids');
+  const t = new ChatTokenizer(reference, config, { chatTemplate: joined });
+  for (let pass = 1; pass <= 2; pass++)
+    for (let n = 1; n <= messages.length; n++)
+      assert.deepEqual(
+        t.tokenizeChatRequest({ messages: messages.slice(0, n), add_generation_prompt: false }),
+        whole(joined, messages.slice(0, n)),
+        `pass ${pass}, ${n} messages`,
+      );
+  // only the one-message request's own text, on the second pass: nothing follows it there
+  assert.equal(t.stats.segmentHits, 1);
+  // where each message opens with a special token, every message is a cut
+  const s = new ChatTokenizer(reference, config, { chatTemplate: special });
+  for (let n = 1; n <= messages.length; n++)
+    assert.deepEqual(
+      s.tokenizeChatRequest({ messages: messages.slice(0, n), add_generation_prompt: false }),
+      whole(special, messages.slice(0, n)),
+    );
+  assert.ok(s.stats.segmentHits >= 2);
+  // a cached cut is checked again against what follows it now: "ond" was followed by
+  // "<|im_start|>", here by plain text
+  const later =
+    '{% for m in messages %}{% if loop.index0 == 2 and messages|length > 3 %}<|im_start|>{% endif %}{{ m.content }}{% endfor %}';
+  const l = new ChatTokenizer(reference, config, { chatTemplate: later });
+  const four = [...messages, { role: 'user', content: 'x' }];
+  for (const m of [four, messages])
+    assert.deepEqual(
+      l.tokenizeChatRequest({ messages: m, add_generation_prompt: false }),
+      whole(later, m),
+      `${m.length} messages`,
+    );
+});
+
 test('the cache is bounded, and evicted segments are recomputed to the same ids', () => {
   const t = ChatTokenizer.load(dir.pathname, { cacheEntries: 2 });
   for (let n = 1; n <= turns.length; n++)
