@@ -146,6 +146,50 @@ function segmentBytes(seg: Segment): number {
   return 2 * seg.text.length + 8 * seg.tokens.length + 64;
 }
 
+/**
+ * Tokenizer classes whose transformers 4 implementation (the transformers vLLM and SGLang pin)
+ * replaces tokenizer.json's post-processor with one built from tokenizer_config.json's
+ * add_bos_token and add_eos_token (update_post_processor), with each class's defaults for those
+ * and for the tokens. DeepSeek-V3's tokenizer.json adds no BOS, but its tokenizer_class
+ * LlamaTokenizerFast and add_bos_token put one before a completions prompt.
+ */
+const POST_PROCESSOR_CLASSES: Readonly<Record<string, { bos: string; eos: string; addBos: boolean }>> = {
+  LlamaTokenizerFast: { bos: '<s>', eos: '</s>', addBos: true },
+  CodeLlamaTokenizerFast: { bos: '<s>', eos: '</s>', addBos: true },
+  GemmaTokenizerFast: { bos: '<bos>', eos: '<eos>', addBos: true },
+  CohereTokenizerFast: { bos: '<BOS_TOKEN>', eos: '<|END_OF_TURN_TOKEN|>', addBos: true },
+  GPTNeoXTokenizerFast: { bos: '<|endoftext|>', eos: '<|endoftext|>', addBos: false },
+};
+
+/**
+ * The ids that tokenizer_config.json's class puts around a text encoded with its special
+ * tokens (POST_PROCESSOR_CLASSES), or undefined where tokenizer.json's post-processor is the
+ * one used (any other class) or the class's would fail to build (a token without an id:
+ * transformers raises on such a tokenizer).
+ */
+function classPostProcessor(
+  tokenizer: Tokenizer,
+  config: Record<string, unknown>,
+): { before: number[]; after: number[] } | undefined {
+  const name = typeof config.tokenizer_class === 'string' ? config.tokenizer_class.replace(/Fast$/, '') + 'Fast' : '';
+  const defaults = Object.hasOwn(POST_PROCESSOR_CLASSES, name) ? POST_PROCESSOR_CLASSES[name] : undefined;
+  if (defaults === undefined) return undefined;
+  // a token given (a string or {content}), null (None), or absent (the class's default)
+  const tokenId = (key: 'bos_token' | 'eos_token', fallback: string): number | undefined => {
+    const v = key in config ? config[key] : fallback;
+    const content =
+      typeof v === 'string' ? v : v && typeof v === 'object' ? (v as { content?: unknown }).content : undefined;
+    return typeof content === 'string' ? (tokenizer.token_to_id(content) ?? undefined) : undefined;
+  };
+  const flag = (key: string, fallback: boolean) => (typeof config[key] === 'boolean' ? config[key] : fallback);
+  const addBos = flag('add_bos_token', defaults.addBos);
+  const addEos = flag('add_eos_token', false);
+  const bos = addBos ? tokenId('bos_token', defaults.bos) : undefined;
+  const eos = addEos ? tokenId('eos_token', defaults.eos) : undefined;
+  if ((addBos && bos === undefined) || (addEos && eos === undefined)) return undefined;
+  return { before: bos === undefined ? [] : [bos], after: eos === undefined ? [] : [eos] };
+}
+
 /** Most messages cut as one segment; a template whose prefixes never match its whole output gives up there. */
 const MAX_JOINED_MESSAGES = 8;
 
@@ -215,6 +259,8 @@ export class ChatTokenizer implements PromptTokenizer {
   private readonly cutBefore: ReadonlySet<string>;
   /** The longest added token's length in UTF-16 units. */
   private readonly addedMaxLength: number;
+  /** The special tokens tokenizer_config.json's class puts around a text (classPostProcessor), if it sets them. */
+  private readonly classSpecials: { before: number[]; after: number[] } | undefined;
   /** specialTokensAround's answer; null until asked. */
   private around: { before: number[]; after: number[] } | undefined | null = null;
 
@@ -235,7 +281,8 @@ export class ChatTokenizer implements PromptTokenizer {
         ? detectSglangContentFormat(source!, this.template.parsed)
         : detectContentFormat(this.template.parsed)) === 'openai';
     // serving_chat.py OpenAIServingChat.__init__ (_tokenizer_auto_adds_specials): encode("")
-    this.specialsOnEmpty = tokenizer.encode('', { add_special_tokens: true }).ids.length > 0;
+    this.classSpecials = classPostProcessor(tokenizer, config);
+    this.specialsOnEmpty = this.encodeText('', true).length > 0;
     this.specialTokens = {};
     for (const key of ['bos_token', 'eos_token', 'unk_token', 'sep_token', 'pad_token', 'cls_token', 'mask_token']) {
       const v = config[key];
@@ -328,7 +375,15 @@ export class ChatTokenizer implements PromptTokenizer {
   tokenize(request: RouteRequest, addSpecialTokens = true): number[] {
     if (request.tokens) return Array.from(request.tokens);
     if (request.messages) return this.tokenizeChat(request.messages);
-    return this.tokenizer.encode(request.text ?? '', { add_special_tokens: addSpecialTokens }).ids;
+    return this.encodeText(request.text ?? '', addSpecialTokens);
+  }
+
+  /** A text's ids, with the special tokens around them as transformers 4 puts them when `addSpecialTokens`. */
+  private encodeText(text: string, addSpecialTokens: boolean): number[] {
+    if (!addSpecialTokens || this.classSpecials === undefined)
+      return this.tokenizer.encode(text, { add_special_tokens: addSpecialTokens }).ids;
+    const { before, after } = this.classSpecials;
+    return [...before, ...this.tokenizer.encode(text, { add_special_tokens: false }).ids, ...after];
   }
 
   /** Token ids of a chat as the engine renders it (with the generation prompt). */
@@ -392,7 +447,7 @@ export class ChatTokenizer implements PromptTokenizer {
     const ids = this.tokenizeRendered(conversation, ctx, whole, key, false, !this.specialsOnEmpty);
     if (!prefix) return ids;
     // tokenizer.encode(prefix) with its special tokens, a leading BOS dropped
-    const encoded = this.tokenizer.encode(prefix, { add_special_tokens: true }).ids;
+    const encoded = this.encodeText(prefix, true);
     if (encoded.length > 0 && this.bosId !== undefined && encoded[0] === this.bosId) encoded.shift();
     return [...ids, ...encoded];
   }
@@ -485,7 +540,7 @@ export class ChatTokenizer implements PromptTokenizer {
     // vLLM encodes the rendered prompt with the special tokens: the tokenizer's post-processor
     // puts them around the text's ids, wherever the text was cut
     const around = this.specialTokensAround();
-    if (around === undefined) return this.tokenizer.encode(whole, { add_special_tokens: true }).ids;
+    if (around === undefined) return this.encodeText(whole, true);
     return around.before.length === 0 && around.after.length === 0 ? out : [...around.before, ...out, ...around.after];
   }
 
@@ -511,6 +566,7 @@ export class ChatTokenizer implements PromptTokenizer {
   /** The special tokens the tokenizer's post-processor puts before and after a text's ids, once. */
   private specialTokensAround(): { before: number[]; after: number[] } | undefined {
     if (this.around !== null) return this.around;
+    if (this.classSpecials !== undefined) return (this.around = this.classSpecials);
     const plain: number[] = this.tokenizer.encode(PROBE_TEXT, { add_special_tokens: false }).ids;
     const special: number[] = this.tokenizer.encode(PROBE_TEXT, { add_special_tokens: true }).ids;
     let at = -1;

