@@ -5,6 +5,9 @@
  * turns JS numbers into its IntegerValue/FloatValue (1.0 becomes an integer) and writes them with
  * JSON.stringify. Here a JsonNumber becomes a subclass of the library's FloatValue or
  * IntegerValue: templates compare and compute with it as a number, and its text is Python's.
+ * What a template prints is Python's str() too (pythonStr): `{{ x }}`, `~` and the string
+ * filter write None, True and False by name and a dict or list as repr() writes it, where the
+ * library writes nothing, `true` and JSON; `length` counts a string's code points.
  */
 import { randomUUID } from 'node:crypto';
 import { Environment, Interpreter, Template } from '@huggingface/jinja';
@@ -32,6 +35,12 @@ const UndefinedValue = classOf<undefined>(undefined);
 const ArrayValue = classOf<RuntimeValue[]>([]);
 const ObjectValue = classOf<Map<string, RuntimeValue>>({});
 const FunctionValue = classOf<unknown>(() => null);
+const TupleValue = (() => {
+  // the library makes a tuple of a template's `(a, b)` only
+  const env = new Environment();
+  new Interpreter(env).run(new Template('{% set t = (1, 2) %}').parsed);
+  return env.lookupVariable('t').constructor as ValueClass<RuntimeValue[]>;
+})();
 
 /** A Python float from JSON: str() and json.dumps as Python writes them. */
 class PythonFloatValue extends FloatValue {
@@ -122,6 +131,61 @@ if (stringBuiltins?.get) {
       return map;
     },
   });
+}
+
+/**
+ * Python's str.isprintable() is false for these: control, format, surrogate, private-use and
+ * unassigned code points, and separators other than the space. repr() escapes them.
+ */
+const NOT_PRINTABLE = /[\p{Cc}\p{Cf}\p{Cs}\p{Co}\p{Cn}\p{Zl}\p{Zp}\p{Zs}]/u;
+
+/** Python's repr() of a str: single quotes unless it holds one and no double quote; escapes as Python writes them. */
+export function pythonStringRepr(s: string): string {
+  const quote = s.includes("'") && !s.includes('"') ? '"' : "'";
+  let out = quote;
+  for (const ch of s) {
+    const code = ch.codePointAt(0)!;
+    if (ch === quote || ch === '\\') out += '\\' + ch;
+    else if (ch === '\t') out += '\\t';
+    else if (ch === '\n') out += '\\n';
+    else if (ch === '\r') out += '\\r';
+    else if (code < 0x20 || code === 0x7f) out += '\\x' + code.toString(16).padStart(2, '0');
+    else if (code < 0x7f || !NOT_PRINTABLE.test(ch)) out += ch;
+    else if (code <= 0xff) out += '\\x' + code.toString(16).padStart(2, '0');
+    else if (code <= 0xffff) out += '\\u' + code.toString(16).padStart(4, '0');
+    else out += '\\U' + code.toString(16).padStart(8, '0');
+  }
+  return out + quote;
+}
+
+/**
+ * What Jinja2 prints for a value (`{{ x }}`, `~`, the string filter): Python's str(), so None,
+ * True and False by their Python names, and a dict, list or tuple as Python's repr() writes it
+ * (`{'a': None, 'b': [1, 'x']}`), where the library writes JSON (`{"a": null, ...}`) or nothing
+ * (None). Other values (namespaces, functions, undefined) as the library writes them.
+ */
+export function pythonStr(value: RuntimeValue): string {
+  if (value instanceof StringValue) return value.value as string;
+  if (value instanceof NullValue) return 'None';
+  if (value instanceof BooleanValue) return value.value ? 'True' : 'False';
+  if (value instanceof ArrayValue || (value instanceof ObjectValue && value.type === 'ObjectValue'))
+    return pythonRepr(value);
+  return value.toString();
+}
+
+/** Python's repr() of a value inside a container: a str quoted, the rest as pythonStr. */
+function pythonRepr(value: RuntimeValue): string {
+  if (value instanceof StringValue) return pythonStringRepr(value.value as string);
+  if (value instanceof TupleValue) {
+    const items = (value.value as RuntimeValue[]).map(pythonRepr);
+    return items.length === 1 ? `(${items[0]},)` : `(${items.join(', ')})`;
+  }
+  if (value instanceof ArrayValue) return `[${(value.value as RuntimeValue[]).map(pythonRepr).join(', ')}]`;
+  if (value instanceof ObjectValue && value.type === 'ObjectValue') {
+    const entries = [...(value.value as Map<string, RuntimeValue>)];
+    return `{${entries.map(([k, v]) => `${pythonStringRepr(k)}: ${pythonRepr(v)}`).join(', ')}}`;
+  }
+  return pythonStr(value);
 }
 
 type PythonNumberValue = PythonFloatValue | PythonIntValue;
@@ -233,6 +297,11 @@ const isFilter = (filter: FilterNode, name: string): boolean =>
 const applyFilterWithPythonNumbers: ApplyFilter = function (operand, filter, env) {
   const isTojson = isFilter(filter, 'tojson');
   if (!isTojson) {
+    // Jinja2's string filter is str(); length and count of a str count its code points
+    if (filter.type === 'Identifier' && filter.value === 'string') return new StringValue(pythonStr(operand));
+    if (filter.type === 'Identifier' && (filter.value === 'length' || filter.value === 'count'))
+      if (operand instanceof StringValue)
+        return new IntegerValue([...(operand.value as string)].length) as unknown as RuntimeValue;
     // Jinja's trim filter is Python's str.strip(chars), not JavaScript's trim()
     if (isFilter(filter, 'trim') && operand instanceof StringValue) {
       const args =
@@ -276,12 +345,74 @@ function markNumbers(value: RuntimeValue, numbers: PythonNumberValue[]): Runtime
   return value;
 }
 
+interface StatementNode {
+  type: string;
+}
+interface BinaryNode {
+  type: string;
+  operator: { value: string };
+  left: unknown;
+  right: unknown;
+}
+type Evaluate = (this: Interpreter, node: unknown, env: Environment) => RuntimeValue;
+type EvaluateBlock = (this: Interpreter, statements: StatementNode[], env: Environment) => RuntimeValue;
+type EvaluateBinary = (this: Interpreter, node: BinaryNode, env: Environment) => RuntimeValue;
+const interpreterMethods = Interpreter.prototype as unknown as {
+  evaluate: Evaluate;
+  evaluateBinaryExpression: EvaluateBinary;
+};
+const libraryBinary = interpreterMethods.evaluateBinaryExpression;
+/** The template's statements (tags): what they give is the text of their body, or nothing. */
+const STATEMENTS = new Set([
+  'Program',
+  'If',
+  'For',
+  'Break',
+  'Continue',
+  'Set',
+  'Macro',
+  'Comment',
+  'FilterStatement',
+  'CallStatement',
+]);
+
+/**
+ * The library's evaluateBlock, but an output expression (`{{ x }}`) writes what Jinja2 writes:
+ * pythonStr (None as `None`, where the library writes nothing; True, dicts and lists as Python).
+ */
+const evaluateBlockAsPython: EvaluateBlock = function (statements, env) {
+  let result = '';
+  for (const statement of statements) {
+    const value = interpreterMethods.evaluate.call(this, statement, env);
+    if (!STATEMENTS.has(statement.type)) {
+      if (!(value instanceof UndefinedValue)) result += pythonStr(value);
+    } else if (!(value instanceof NullValue) && !(value instanceof UndefinedValue)) result += value.toString();
+  }
+  return new StringValue(result);
+};
+
+/** The library's binary operators, but `~` joins the two sides' str(), as Jinja2 (None is `None`, not an error). */
+const evaluateBinaryAsPython: EvaluateBinary = function (node, env) {
+  if (node.operator.value !== '~') return libraryBinary.call(this, node, env);
+  const left = interpreterMethods.evaluate.call(this, node.left, env);
+  const right = interpreterMethods.evaluate.call(this, node.right, env);
+  const str = (v: RuntimeValue) => (v instanceof UndefinedValue ? '' : pythonStr(v));
+  return new StringValue(str(left) + str(right));
+};
+
 /** Renders a parsed template over `items` (as Template.render does), Python numbers as Python writes them. */
 export function renderWithPythonNumbers(program: Program, items: Record<string, unknown>): string {
   const env = new Environment();
   for (const [name, make] of GLOBALS) env.setVariable(name, make());
   for (const [name, value] of Object.entries(items)) env.setVariable(name, toRuntime(value));
   const interpreter = new Interpreter(env);
-  (interpreter as unknown as { applyFilter: ApplyFilter }).applyFilter = applyFilterWithPythonNumbers;
+  const patched = interpreter as unknown as {
+    applyFilter: ApplyFilter;
+    evaluateBlock: EvaluateBlock;
+    evaluateBinaryExpression: EvaluateBinary;
+  };
+  patched.applyFilter = applyFilterWithPythonNumbers;
+  patched.evaluateBlock = evaluateBlockAsPython;
+  patched.evaluateBinaryExpression = evaluateBinaryAsPython;
   return interpreter.run(program).value as string;
 }

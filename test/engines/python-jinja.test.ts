@@ -32,13 +32,19 @@ test('they stay numbers to a template: comparisons, arithmetic, tests', () => {
 
 test('everything else renders as Template.render renders it', () => {
   const source =
-    '{{ x | tojson }}|{{ x.n | tojson(sort_keys=true, indent=1) }}|{% for i in range(3) %}{{ i }}{% endfor %}|{{ none }}{{ true }}';
+    '{{ x | tojson }}|{{ x.n | tojson(sort_keys=true, indent=1) }}|{% for i in range(3) %}{{ i }}{% endfor %}|{{ x.s }}';
   const plain = { n: { b: 1.5, a: [1, 'é'] }, s: 'pyjson-marker' };
   assert.equal(
     renderWithPythonNumbers(new Template(source).parsed, { x: plain }),
     new Template(source).render({ x: plain }),
   );
   assert.throws(() => render('{{ raise_exception("no") }}', null), /no/);
+  // but None, True, a dict and a list print as Python's str() writes them, where the library
+  // writes nothing, `true` and JSON (jinja-parity.test.ts checks more against jinja2)
+  assert.equal(
+    render('{{ none }}|{{ true }}|{{ x }}|{{ x.n.a }}', plain),
+    "None|True|{'n': {'b': 1.5, 'a': [1, 'é']}, 's': 'pyjson-marker'}|[1, 'é']",
+  );
 });
 
 test("a template's range() past MAX_TEMPLATE_RANGE items is refused, not built", () => {
