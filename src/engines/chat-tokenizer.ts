@@ -204,7 +204,8 @@ const MAX_JOINED_MESSAGES = 8;
 /**
  * The model's own tokenizer (tokenizer.json, @huggingface/tokenizers) and chat template
  * (@huggingface/jinja), applied as vLLM applies them, so the ids are the engine's prompt
- * tokens (checked against Python transformers on Qwen3 in test/engines/chat-parity.test.ts):
+ * tokens (checked against Python transformers on Qwen3, Llama 3.1, DeepSeek-V3 and Gemma 3 in
+ * test/engines/chat-parity-models.test.ts):
  *
  * - messages are read as vLLM reads them (vllm/entrypoints/chat_utils.py
  *   _parse_chat_message_content, _postprocess_messages): content null → "", a list of parts
