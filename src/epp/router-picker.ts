@@ -266,7 +266,8 @@ export class RouterPicker implements EndpointPicker {
     for (const name of input.repeatedHeaders?.keys() ?? [])
       if (name.startsWith(':'))
         return { ok: false, status: 400, message: `the pseudo-header ${name} must be given once`, param: name };
-    const target = input.headers.get(':path');
+    // the path as the engine's server matches it: percent-decoded (apiPath, isGenerate)
+    const target = routedPath(input.headers.get(':path'));
     const method = input.headers.get(':method');
     // the inference APIs take POST, as the gateway serves them; a CORS preflight (OPTIONS) goes
     // on to the engine, which may answer it (vLLM allows every origin by default)
@@ -769,6 +770,26 @@ function requestHeaders(input: PickInput): Record<string, string | string[]> {
   for (const [name, values] of input.repeatedHeaders ?? [])
     if (SINGLE_VALUE_HEADERS.includes(name)) out[name] = [...values];
   return out;
+}
+
+/** A percent-encoded octet of a path. */
+const PERCENT_OCTET = /%([0-9A-Fa-f]{2})/g;
+
+/**
+ * The request path as vLLM's and SGLang's servers match it against their routes: uvicorn hands
+ * Starlette the path percent-decoded (urllib.parse.unquote: `%XX` by its octet, `%2F` a slash
+ * too; a `%` not followed by two hex digits kept as it is), and Envoy passes `:path` on as the
+ * client wrote it unless told to normalise it. Read raw, `/v1/%63ompletions` would name no API
+ * here while the engine serves it as a completion: its body would go unchecked (a chat read as a
+ * completion, a thousand prompts uncounted). Only the path is decoded, not the query; an octet
+ * past ASCII is decoded to a character no API path holds, which is all the comparison needs.
+ */
+function routedPath(path: string | undefined): string | undefined {
+  if (path === undefined || !path.includes('%')) return path;
+  const query = path.indexOf('?');
+  const head = query < 0 ? path : path.slice(0, query);
+  const decoded = head.replace(PERCENT_OCTET, (_, hex: string) => String.fromCharCode(parseInt(hex, 16)));
+  return query < 0 ? decoded : decoded + path.slice(query);
 }
 
 /**
