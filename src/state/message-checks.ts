@@ -33,10 +33,10 @@ export function isWorkerRecord(v: unknown): v is WorkerRecord {
 
 /** A workflow's step: a non-negative integer, or none (null, or left out). */
 export function isWorkflowStep(v: unknown): v is number | null | undefined {
-  return v === undefined || v === null || (typeof v === 'number' && Number.isInteger(v) && v >= 0);
+  return v === undefined || v === null || (typeof v === 'number' && Number.isSafeInteger(v) && v >= 0);
 }
 
-const isCount = (v: unknown): v is number => typeof v === 'number' && Number.isInteger(v) && v >= 0;
+const isCount = (v: unknown): v is number => typeof v === 'number' && Number.isSafeInteger(v) && v >= 0;
 
 /** A decision's content anchors: a list of { id, tokens? }, as the router takes them (checkContentAnchors()). */
 export function isContentAnchors(v: unknown): boolean {

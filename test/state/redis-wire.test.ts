@@ -112,6 +112,17 @@ test('a workflow value names its worker by the id rule the router takes (isWorke
   assert.deepEqual(parseWorkflow(encodeWorkflow('x'.repeat(256), null)), { w: 'x'.repeat(256), s: null });
   for (const w of ['', 'x'.repeat(257), '\uD800', 5, null])
     assert.equal(parseWorkflow(JSON.stringify({ w, s: 1 })), undefined);
+  // a step past 2^53 - 1 is no step the router takes (setWorkflowAffinity would refuse it on every
+  // request of the workflow, as the client's fault): read as none, as any other step it cannot take
+  assert.deepEqual(parseWorkflow('{"w":"e2","s":99999999999999999999}'), { w: 'e2', s: null });
+  assert.deepEqual(parseWorkflow(`{"w":"e2","s":${Number.MAX_SAFE_INTEGER}}`), { w: 'e2', s: Number.MAX_SAFE_INTEGER });
+});
+
+test("a shared decision's anchor token counts are integers the router takes", () => {
+  const m = encodeDecision('r1', { ...decision, contentAnchors: [{ id: 'doc', tokens: 90 }] });
+  assert.ok(isWellFormed(m));
+  assert.equal(isWellFormed({ ...m, ca: [{ id: 'doc', tokens: 1e20 }] } as never), false);
+  assert.equal(isWellFormed({ ...m, ca: [{ id: 'doc', tokens: 2 ** 53 }] } as never), false);
 });
 
 test('a message longer than the bound is refused before any of it is read', () => {
