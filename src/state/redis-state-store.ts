@@ -2639,10 +2639,14 @@ export class RedisStateStore implements StateStore {
       }
       try {
         const record = JSON.parse(json) as WorkerRecord;
-        // (a record that is not this worker's is not taken over the one held)
-        if (!held) host.addWorkerFromState(record, 'registry');
-        else if (record !== null && typeof record === 'object' && record.id === id) this.replaceWorker(host, record);
-        else this.counters.malformedMessages++;
+        // a record that is not this worker's (not an object, or another id than its field's) is
+        // taken neither over the one held nor as a new worker: added under its own id, it would be
+        // one the admin API finds under neither
+        if (record === null || typeof record !== 'object' || record.id !== id) {
+          this.counters.malformedMessages++;
+          host.log(`state: the record of worker ${quotedText(id)} in ${this.key('workers')} is not its own; skipped`);
+        } else if (!held) host.addWorkerFromState(record, 'registry');
+        else this.replaceWorker(host, record);
       } catch (err) {
         host.log(`state: worker '${id}' from redis not added: ${(err as Error).message}`);
       }

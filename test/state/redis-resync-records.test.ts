@@ -177,3 +177,26 @@ test('a removal made by a replica started while Redis was out of reach applies t
   assert.deepEqual(await registry(prefix), []);
   await everyReplicaLists([a, b], []);
 });
+
+test("a registry record whose id is not its field's is skipped, not added under its own id", async () => {
+  const { prefix, a, b, logsB, cut, reconnect } = await pair();
+  await cut();
+  // written by hand (or by another program) while b was away: b reads the registry whole when it is back
+  await redis.hset(`${prefix}workers`, 'e4', JSON.stringify({ id: 'other', url: 'http://127.0.0.1:8' }));
+  await reconnect();
+  await everyReplicaLists([b], ['e0 http://127.0.0.1:9', 'x http://127.0.0.1:1']);
+  assert.ok(!b.router.hasWorker('other') && !b.router.hasWorker('e4'));
+  assert.ok(
+    logsB.some((l) => l.includes("the record of worker 'e4'") && l.includes('is not its own')),
+    JSON.stringify(logsB),
+  );
+  // what b routes to is what its admin API lists
+  assert.deepEqual(
+    b.router
+      .listWorkers()
+      .map((w) => w.id)
+      .sort(),
+    ['e0', 'x'],
+  );
+  assert.ok(a.router.hasWorker('x'));
+});
