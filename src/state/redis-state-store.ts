@@ -486,15 +486,23 @@ const CHAINS_PER_READ = 100;
  * than any decision message a replica sends, maxMessageBytes()) is answered as its length, not
  * its value, and no more entries are read once the values answered pass ARGV[2] bytes (the reply
  * then holds fewer answers than keys; at least one). A key absent, or holding another kind of
- * value, is answered nil. Only GET, which the state's ACL grants (its STRLEN is not granted).
+ * value, is answered nil. An entry's length is asked first (STRLEN), so an oversize one is never
+ * copied into the script: a GET of 30 MB there takes about 0.3 s, over the command timeout, and
+ * holds Redis meanwhile. An ACL user without STRLEN (docs/state.md's ACL before it was added)
+ * has every entry read with GET, as before.
  */
 const READ_CHAINS = `local out, total = {}, 0
+local limit = tonumber(ARGV[1])
 for i, key in ipairs(KEYS) do
   if i > 1 and total >= tonumber(ARGV[2]) then break end
-  local v = redis.pcall('GET', key)
-  if type(v) ~= 'string' then out[i] = false
-  elseif #v > tonumber(ARGV[1]) then out[i] = #v
-  else out[i] = v total = total + #v end
+  local n = redis.pcall('STRLEN', key)
+  if type(n) == 'number' and n > limit then out[i] = n
+  else
+    local v = redis.pcall('GET', key)
+    if type(v) ~= 'string' then out[i] = false
+    elseif #v > limit then out[i] = #v
+    else out[i] = v total = total + #v end
+  end
 end
 return out`;
 

@@ -15,6 +15,7 @@ import { createGateway } from '../../src/server/gateway.js';
 import { RedisStateStore } from '../../src/state/redis-state-store.js';
 import { RedisProcess } from './harness.js';
 import { serveExit } from '../helpers/serve-exit.js';
+import { fixedWorkersHost } from '../helpers/state-host.js';
 import { until } from '../helpers/wait.js';
 
 const PASSWORD = 'cf-auth-secret-7f3a';
@@ -26,6 +27,22 @@ before(async () => {
   await admin.connect();
   // may connect, and read one key, and nothing else
   await admin.acl('SETUSER', 'getter', 'on', '>getter-pw-91c2', '~*', '&*', '-@all', '+@connection', '+info', '+get');
+  // the ACL docs/state.md gave before it granted STRLEN, for the prefix cf-acl:
+  await admin.acl(
+    'SETUSER',
+    'older',
+    'on',
+    '>older-pw-5d1e',
+    'resetkeys',
+    '~cf-acl:*',
+    'resetchannels',
+    '&cf-acl:events*',
+    '-@all',
+    '+@connection',
+    ...'+info +publish +subscribe +get +set +mget +del +eval +hset +hsetnx +hdel +hgetall +zadd +zrem +zremrangebyscore +zrange +pexpire +scan +multi +exec'.split(
+      ' ',
+    ),
+  );
   admin.disconnect();
 });
 after(() => redis.kill());
@@ -127,4 +144,31 @@ test('serve with a wrong Redis password exits 2 with one line that does not echo
   assert.match(lines[0], /^error: state: .*WRONGPASS/);
   assert.doesNotMatch(stderr, new RegExp(PASSWORD));
   await engine.close();
+});
+
+test('an ACL user without STRLEN still has block entries read, an oversize one measured in the script', async () => {
+  const admin = new Redis({ port: redis.port, password: PASSWORD, lazyConnect: true, maxRetriesPerRequest: 0 });
+  await admin.connect();
+  try {
+    // one entry past the 8 MiB a decision message may hold with the defaults, one a replica wrote
+    const big = JSON.stringify({ r: 'X', k: 'd', w: 'e0', h: Buffer.alloc(7 * 1024 * 1024, 7).toString('base64') });
+    await admin.set('cf-acl:chain:e0:big', big, 'PX', 60_000);
+    const h = Buffer.alloc(64, 7).toString('base64');
+    await admin.set('cf-acl:chain:e0:good', JSON.stringify({ r: 'X', k: 'd', w: 'e0', h }), 'PX', 60_000);
+    const store = new RedisStateStore({
+      url: `redis://older:older-pw-5d1e@127.0.0.1:${redis.port}`,
+      prefix: 'cf-acl:',
+      replicaId: 'O',
+    });
+    const { host, logs } = fixedWorkersHost(new KVAwareRouter({ blockSize: 16 }), ['e0']);
+    try {
+      await store.attach(host);
+      assert.equal(store.stats().connected, true, logs.join('\n'));
+      assert.deepEqual([store.stats().decisionsApplied, store.stats().chainsOversize], [1, 1], logs.join('\n'));
+    } finally {
+      await store.close();
+    }
+  } finally {
+    admin.disconnect();
+  }
 });

@@ -194,7 +194,13 @@ test('a block entry longer than any replica writes is skipped unread and counted
     for (const v of answers) if (typeof v === 'string') longest = Math.max(longest, v.length);
     return answers;
   };
+  // an oversize entry's length is asked (STRLEN), so its value is never copied into the script;
+  // the shared-state tests run one at a time, so no other test asks meanwhile
+  const lengthsAsked = async () =>
+    Number(/cmdstat_strlen:calls=(\d+)/.exec(await redis.info('commandstats'))?.[1] ?? 0);
+  const asked = await lengthsAsked();
   await store.attach(host);
+  assert.ok((await lengthsAsked()) - asked >= 4, 'every entry measured before it is read');
   assert.equal(store.stats().connected, true, logs.join('\n'));
   assert.equal(store.stats().decisionsApplied, 1);
   assert.equal(store.stats().chainsSkipped, 3);
