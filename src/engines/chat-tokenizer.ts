@@ -260,13 +260,13 @@ export class ChatTokenizer implements PromptTokenizer {
   /** The id of the tokenizer's BOS token, if it has one (SGLang drops it from a continued final message's ids). */
   private readonly bosId: number | undefined;
   /** The text of every added token, none of which may straddle a cut (cutsCleanly). */
-  private readonly addedTexts: ReadonlySet<string>;
+  private readonly addedTexts: TokenTrie;
   /**
    * The added tokens a cut may fall before: matched on the text as it is (not normalized, or
    * under a normalizer that changes nothing), taking no whitespace before them (not lstrip)
    * and not only as a whole word.
    */
-  private readonly cutBefore: ReadonlySet<string>;
+  private readonly cutBefore: TokenTrie;
   /** The longest added token's length in UTF-16 units. */
   private readonly addedMaxLength: number;
   /** The special tokens tokenizer_config.json's class puts around a text (classPostProcessor), if it sets them. */
@@ -307,11 +307,11 @@ export class ChatTokenizer implements PromptTokenizer {
     if (Array.isArray(config.additional_special_tokens))
       this.specialTokens.additional_special_tokens = config.additional_special_tokens;
     const added = [...tokenizer.get_added_tokens_decoder().values()];
-    this.addedTexts = new Set(added.map((t) => t.content));
+    this.addedTexts = tokenTrie(added.map((t) => t.content));
     // a normalized added token is matched on the normalized text: the text itself where the
     // normalizer changes nothing (DeepSeek-V3's <｜User｜> and <｜Assistant｜>, under an empty one)
     const asIs = identityNormalizer(tokenizer);
-    this.cutBefore = new Set(
+    this.cutBefore = tokenTrie(
       added
         .filter((t) => (asIs || !t.normalized) && !t.lstrip && !t.single_word && t.content !== '')
         .map((t) => t.content),
@@ -567,14 +567,10 @@ export class ChatTokenizer implements PromptTokenizer {
    */
   private cutsCleanly(text: string, at: number): boolean {
     if (at <= 0 || at >= text.length) return true;
-    const longest = this.addedMaxLength;
-    let begins = false;
-    for (let n = 1; n <= longest && at + n <= text.length && !begins; n++)
-      begins = this.cutBefore.has(text.slice(at, at + n));
-    if (!begins) return false;
-    for (let start = Math.max(0, at - longest + 1); start < at; start++)
-      for (let end = at + 1; end <= Math.min(text.length, start + longest); end++)
-        if (this.addedTexts.has(text.slice(start, end))) return false;
+    // walked along the text in place (tokenTrie): a request's cuts allocate nothing
+    if (!beginsAt(this.cutBefore, text, at, 0)) return false;
+    for (let start = Math.max(0, at - this.addedMaxLength + 1); start < at; start++)
+      if (beginsAt(this.addedTexts, text, start, at - start)) return false;
     return true;
   }
 
@@ -1241,4 +1237,40 @@ function compileTemplate(text: string, source = 'chat template'): Template {
       },
     );
   }
+}
+
+/** A trie of added tokens' texts by UTF-16 unit: `ends` where a token's text ends. */
+interface TokenTrie {
+  readonly next: Map<number, TokenTrie>;
+  ends: boolean;
+}
+
+/** The trie of `texts` (none empty). */
+function tokenTrie(texts: readonly string[]): TokenTrie {
+  const root: TokenTrie = { next: new Map(), ends: false };
+  for (const t of texts) {
+    let node = root;
+    for (let i = 0; i < t.length; i++) {
+      let child = node.next.get(t.charCodeAt(i));
+      if (child === undefined) node.next.set(t.charCodeAt(i), (child = { next: new Map(), ends: false }));
+      node = child;
+    }
+    if (node !== root) node.ends = true;
+  }
+  return root;
+}
+
+/**
+ * Whether a token of `trie` longer than `past` units occurs in `text` at `at`: one walk along
+ * the text, as far as some token's text goes on matching it, nothing allocated (tokens that share
+ * a long prefix, as DeepSeek-V3's 800 `<｜place▁holder▁no▁N｜>` do, cost that prefix once).
+ */
+function beginsAt(trie: TokenTrie, text: string, at: number, past: number): boolean {
+  let node: TokenTrie | undefined = trie;
+  for (let i = at; i < text.length; i++) {
+    node = node.next.get(text.charCodeAt(i));
+    if (node === undefined) return false;
+    if (node.ends && i - at + 1 > past) return true;
+  }
+  return false;
 }
