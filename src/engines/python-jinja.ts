@@ -162,10 +162,12 @@ export function pythonStringRepr(s: string): string {
  * What Jinja2 prints for a value (`{{ x }}`, `~`, the string filter): Python's str(), so None,
  * True and False by their Python names, and a dict, list or tuple as Python's repr() writes it
  * (`{'a': None, 'b': [1, 'x']}`), where the library writes JSON (`{"a": null, ...}`) or nothing
- * (None). Other values (namespaces, functions, undefined) as the library writes them.
+ * (None); an undefined value as ''. Other values (namespaces, functions) as the library writes them.
  */
 export function pythonStr(value: RuntimeValue): string {
   if (value instanceof StringValue) return value.value as string;
+  // Jinja2's Undefined: str() is '' (its repr, inside a container, `Undefined`)
+  if (value instanceof UndefinedValue) return '';
   if (value instanceof NullValue) return 'None';
   if (value instanceof BooleanValue) return value.value ? 'True' : 'False';
   if (value instanceof ArrayValue || (value instanceof ObjectValue && value.type === 'ObjectValue'))
@@ -176,6 +178,7 @@ export function pythonStr(value: RuntimeValue): string {
 /** Python's repr() of a value inside a container: a str quoted, the rest as pythonStr. */
 function pythonRepr(value: RuntimeValue): string {
   if (value instanceof StringValue) return pythonStringRepr(value.value as string);
+  if (value instanceof UndefinedValue) return 'Undefined';
   if (value instanceof TupleValue) {
     const items = (value.value as RuntimeValue[]).map(pythonRepr);
     return items.length === 1 ? `(${items[0]},)` : `(${items.join(', ')})`;
@@ -299,9 +302,30 @@ const applyFilterWithPythonNumbers: ApplyFilter = function (operand, filter, env
   if (!isTojson) {
     // Jinja2's string filter is str(); length and count of a str count its code points
     if (filter.type === 'Identifier' && filter.value === 'string') return new StringValue(pythonStr(operand));
-    if (filter.type === 'Identifier' && (filter.value === 'length' || filter.value === 'count'))
+    if (filter.type === 'Identifier' && (filter.value === 'length' || filter.value === 'count')) {
       if (operand instanceof StringValue)
         return new IntegerValue([...(operand.value as string)].length) as unknown as RuntimeValue;
+      // count is length's other name in Jinja2; the library knows only length on a list or dict
+      if (filter.value === 'count' && operand instanceof ArrayValue)
+        return new IntegerValue((operand.value as RuntimeValue[]).length) as unknown as RuntimeValue;
+      if (filter.value === 'count' && operand instanceof ObjectValue && operand.type === 'ObjectValue')
+        return new IntegerValue((operand.value as Map<string, RuntimeValue>).size) as unknown as RuntimeValue;
+    }
+    // Jinja2's join writes each item's str() (None, True, a dict as Python writes them), where the
+    // library writes its own text; with an attribute to join by, the library's
+    if (isFilter(filter, 'join') && operand instanceof ArrayValue) {
+      const args = filter.type === 'CallExpression' ? ((filter as { args?: Array<{ type: string }> }).args ?? []) : [];
+      const positional = args.length <= 1 && args.every((a) => a.type !== 'KeywordArgumentExpression');
+      const separator =
+        positional && args.length === 1 ? (this.evaluate(args[0] as never, env) as RuntimeValue) : undefined;
+      // join by an attribute: the library writes each item's own text, never the attribute's;
+      // failing the rendering routes the request on its text rather than on wrong ids
+      if (!positional) throw new Error('join with keyword arguments is not rendered here');
+      if (separator === undefined || separator instanceof StringValue)
+        return new StringValue(
+          (operand.value as RuntimeValue[]).map(pythonStr).join((separator?.value as string | undefined) ?? ''),
+        );
+    }
     // Jinja's trim filter is Python's str.strip(chars), not JavaScript's trim()
     if (isFilter(filter, 'trim') && operand instanceof StringValue) {
       const args =

@@ -77,3 +77,12 @@ test("strip, lstrip, rstrip and the trim filter are Python's: their chars argume
   assert.equal(render("{{ x.strip('') }}", ' a '), ' a ');
   assert.throws(() => render('{{ x.strip(1) }}', 'a'), /arg must be None or str/);
 });
+
+test('join by an attribute fails the rendering (the request is routed on its text), never writes the items whole', () => {
+  const render = (source: string) =>
+    renderWithPythonNumbers(new Template(source).parsed, { l: [{ n: 'x' }, { n: 'y' }] });
+  // Jinja2 writes "xy"; the library would write each item's own text
+  assert.throws(() => render('{{ l | join(attribute="n") }}'), /join with keyword arguments/);
+  assert.throws(() => render('{{ l | join(d=",") }}'), /join with keyword arguments/);
+  assert.equal(render('{{ l | map(attribute="n") | join(",") }}'), 'x,y');
+});
