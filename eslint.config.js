@@ -5,7 +5,7 @@ import tseslint from 'typescript-eslint';
 import globals from 'globals';
 
 export default tseslint.config(
-  { ignores: ['dist/**', 'node_modules/**', 'coverage/**', 'deploy/**', 'bench/results/**'] },
+  { ignores: ['dist/**', '.test-build/**', 'node_modules/**', 'coverage/**', 'deploy/**', 'bench/results/**'] },
   js.configs.recommended,
   ...tseslint.configs.recommended,
   {

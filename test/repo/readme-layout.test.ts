@@ -9,7 +9,7 @@ import { fileURLToPath } from 'node:url';
 
 const root = fileURLToPath(new URL('../../', import.meta.url));
 /** Folders that are not part of the repository: installed, built, or git's own. */
-const NOT_TRACKED = new Set(['.git', 'node_modules', 'dist']);
+const NOT_TRACKED = new Set(['.git', 'node_modules', 'dist', '.test-build']);
 
 function layoutSection(): string {
   const readme = readFileSync(join(root, 'README.md'), 'utf8');
