@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# npm test: every test/**/*.test.ts. Three files run at a time (a test file spends most of its
-# time waiting on sockets, timers and child processes, not on the two cores), but the files that
-# measure how replicas share state over Redis in real time (test/state, the Redis fault tests, the
-# endpoint picker's replicas) run one at a time after the rest: what they check is how far the
-# replicas' views lag, and another file's CPU on this machine's cores would be part of that lag.
+# npm test: every test/**/*.test.ts, compiled first to plain JavaScript in .test-build/
+# (scripts/build-tests.mjs), so each test file's process runs on node alone rather than loading
+# tsx and compiling its TypeScript again; a failure's stack still names the .ts file and line
+# (inline source maps, --enable-source-maps). Three files run at a time (a test file spends most
+# of its time waiting on sockets, timers and child processes, not on the two cores), but the files
+# that measure how replicas share state over Redis in real time (test/state, the Redis fault
+# tests, the endpoint picker's replicas) run one at a time after the rest: what they check is how
+# far the replicas' views lag, and another file's CPU on this machine's cores would be part of it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 shared_state() { find test/state -name '*.test.ts'; find test/faults -name 'redis-*.test.ts'; echo test/epp/replicas.test.ts; }
@@ -39,12 +42,15 @@ if [ -z "${CONTEXTFORGE_TEST_REDIS:-}" ] && ! redis_answers 127.0.0.1 6379; then
   export CONTEXTFORGE_TEST_REDIS="redis://127.0.0.1:$port"
   echo "# npm test: Redis for the scale-out tests started on 127.0.0.1:$port"
 fi
+node scripts/build-tests.mjs
+# a pass runs the compiled test files: test/a/b.test.ts is .test-build/test/a/b.test.js
 pass() {
   local name=$1 concurrency=$2
   shift 2
-  node --import tsx --test --test-concurrency="$concurrency" --test-timeout=240000 \
+  local files=("${@/%.ts/.js}")
+  node --enable-source-maps --test --test-concurrency="$concurrency" --test-timeout=240000 \
     --test-reporter=tap --test-reporter-destination=stdout \
-    --test-reporter=spec --test-reporter-destination="$reports/$name.txt" "$@"
+    --test-reporter=spec --test-reporter-destination="$reports/$name.txt" "${files[@]/#/.test-build/}"
 }
 
 # both passes run whatever the first one's outcome; either failing fails the run
