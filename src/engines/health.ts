@@ -26,6 +26,8 @@ export class WorkerHealth {
   private readonly down = new Map<string, Map<HealthVerdictSource, boolean>>();
   /** Workers added while the gateway runs whose first health check has not passed or failed yet (holdUntilChecked). */
   private readonly unchecked = new Set<string>();
+  /** When each worker out of rotation left it (Date.now()). */
+  private readonly outSince = new Map<string, number>();
   private readonly listeners: Array<(workerId: string, available: boolean, detail: string) => void> = [];
 
   constructor(
@@ -59,6 +61,8 @@ export class WorkerHealth {
     } catch {
       return; // the worker was removed meanwhile
     }
+    if (isUp) this.outSince.delete(workerId);
+    else this.outSince.set(workerId, Date.now());
     this.log?.(
       `${workerId} is ${isUp ? (first ? 'in rotation (its first health check passed)' : 'back in rotation') : `out of rotation (${source}${detail ? `: ${detail}` : ''})`}`,
     );
@@ -79,7 +83,16 @@ export class WorkerHealth {
     held.set('health-check', false);
     this.down.set(workerId, held);
     this.unchecked.add(workerId);
-    if (wasUp) this.router.setWorkerHealth(workerId, false);
+    if (wasUp) {
+      this.router.setWorkerHealth(workerId, false);
+      this.outSince.set(workerId, Date.now());
+    }
+  }
+
+  /** How long the worker has been held out of rotation (ms), or undefined while it takes requests. */
+  outFor(workerId: string, now = Date.now()): number | undefined {
+    const since = this.outSince.get(workerId);
+    return since === undefined ? undefined : now - since;
   }
 
   /** Whether the worker was added while the gateway runs and its first health check has not answered yet. */
@@ -124,6 +137,7 @@ export class WorkerHealth {
   forget(workerId: string): void {
     this.down.delete(workerId);
     this.unchecked.delete(workerId);
+    this.outSince.delete(workerId);
   }
 }
 

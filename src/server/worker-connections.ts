@@ -130,6 +130,13 @@ export const NO_WORKERS: ReadonlySet<string> = new Set();
  */
 const MAX_KEPT_MODELS = 1024;
 
+/**
+ * How long an unhealthy engine counts as out for now, one whose context a prompt too long for the
+ * rest waits for (withoutRoom: answered 503 to try again): past it, the engine is taken for gone
+ * (a static worker on a lost node), and the short engine's 400 tells the client the truth.
+ */
+export const OUT_FOR_NOW_MS = 5 * 60_000;
+
 /** Longest context length read from a /v1/models entry: one past it is no engine's (2^31 − 1 tokens). */
 const MAX_CONTEXT_LENGTH = 2 ** 31 - 1;
 
@@ -1014,8 +1021,8 @@ export class WorkerConnections {
    * context, or none. In a fleet whose engines were started with different --max-model-len (GPUs
    * of several sizes serving one model) a long prompt goes to one that takes it, not to one that
    * answers it 400. When none in rotation would, the short ones are still left out if an engine
-   * out of rotation for now (unhealthy: a failing health check, an open breaker; not draining)
-   * lists a context that takes the prompt: the client is answered 503 to try again, not told by
+   * out of rotation for now (unhealthy for under OUT_FOR_NOW_MS: a failing health check, an open
+   * breaker; not draining) lists a context that takes the prompt: the client is answered 503 to try again, not told by
    * the short engine's 400 that the prompt is too long for the fleet. Otherwise `without` is
    * answered, and the engine's 400 says why; with `evenWhenNoneLeft` (a request kept on a worker
    * out of rotation, whose engine may still answer it, deciding whether to move) the short ones
@@ -1041,7 +1048,8 @@ export class WorkerConnections {
       if (length !== undefined && exceedsContext(length, promptTokens, maxTokens))
         (tooShort ??= new Set(without)).add(w.id);
       else if (w.available) roomLeft = true;
-      else if (length !== undefined && !w.draining) roomOutOfRotation = true;
+      else if (length !== undefined && !w.draining && (this.options.health.outFor(w.id) ?? 0) < OUT_FOR_NOW_MS)
+        roomOutOfRotation = true;
     }
     return tooShort !== undefined && (roomLeft || roomOutOfRotation || evenWhenNoneLeft) ? tooShort : without;
   }

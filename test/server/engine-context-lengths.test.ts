@@ -9,6 +9,7 @@ import { test } from 'node:test';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
+import { OUT_FOR_NOW_MS } from '../../src/server/worker-connections.js';
 import { fakeEngine, type FakeEngine } from '../faults/harness.js';
 import { until } from '../helpers/wait.js';
 import { keptRequest, quietConnections } from '../helpers/worker-connections.js';
@@ -201,8 +202,17 @@ test('the only engines that take a prompt out of rotation for now: the short one
   health.set('long', 'health-check', false, 'HTTP 500');
   assert.deepEqual(without(100), ['short']);
   assert.deepEqual(without(10), [], 'a prompt the short engine takes');
+  // out for longer than OUT_FOR_NOW_MS, it is taken for gone: the short engine answers, with its 400
+  t.mock.timers.enable({ apis: ['Date'], now: Date.now() });
+  health.set('long', 'health-check', true);
+  health.set('long', 'health-check', false, 'HTTP 500');
+  t.mock.timers.tick(OUT_FOR_NOW_MS - 1);
+  assert.deepEqual(without(100), ['short']);
+  t.mock.timers.tick(1);
+  assert.deepEqual(without(100), []);
   // drained, it is on its way out: the short engine answers, with its 400
   health.set('long', 'health-check', true);
+  assert.deepEqual(without(100), ['short']);
   router.drainWorker('long');
   assert.deepEqual(without(100), []);
 });
