@@ -41,6 +41,10 @@ export class WorkerHealth {
    * timed out before is now refused): what it says is kept, nothing else changes.
    */
   set(workerId: string, source: HealthVerdictSource, healthy: boolean, detail = ''): void {
+    // a verdict that comes after its worker was removed (a probe or scrape under way then) is not
+    // kept: the worker added again under its id would start from it, out of rotation or not
+    // without the router knowing, and its first health check would not hold it out
+    if (!this.router.hasWorker(workerId)) return;
     let reasons = this.down.get(workerId);
     const wasUp = reasons === undefined || reasons.size === 0;
     if (healthy) reasons?.delete(source);
@@ -59,7 +63,8 @@ export class WorkerHealth {
     try {
       this.router.setWorkerHealth(workerId, isUp);
     } catch {
-      return; // the worker was removed meanwhile
+      this.forget(workerId); // the worker was removed meanwhile
+      return;
     }
     if (isUp) this.outSince.delete(workerId);
     else this.outSince.set(workerId, Date.now());
