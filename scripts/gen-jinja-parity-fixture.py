@@ -69,7 +69,7 @@ RENDER = [
     ("length counts code points", "{{ s | length }} {{ s | count }}", '{"s": "\\ud83d\\ude80\\u00e9e\\u0301"}'),
     ("an undefined value: '' by the string filter, Undefined inside a list",
      "[{{ m.x | string }}]{{ (m.x | string) | length }}{{ [m.missing] }}", '{"m": {}}'),
-    ("join writes each item's str()", "{{ l | join(', ') }}|{{ l | join }}|{{ w | join('-') }}",
+    ("join writes each item's str()", "{{ l | join(', ') }}|{{ l | join }}|{{ w | join('-') }}|{{ w | join(none) }}|{{ w | join(1) }}",
      '{"l": ["a", null, true, 1.0, {"k": [1, null]}], "w": [[1, "b"], ["c"]]}'),
     ("count is length on a list and a dict", "{{ l | count }} {{ d | count }}", '{"l": [1, 2, 3], "d": {"a": 1, "b": 2}}'),
     ("raise_exception raises the template's message",

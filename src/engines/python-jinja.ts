@@ -315,16 +315,14 @@ const applyFilterWithPythonNumbers: ApplyFilter = function (operand, filter, env
     // library writes its own text; with an attribute to join by, the library's
     if (isFilter(filter, 'join') && operand instanceof ArrayValue) {
       const args = filter.type === 'CallExpression' ? ((filter as { args?: Array<{ type: string }> }).args ?? []) : [];
-      const positional = args.length <= 1 && args.every((a) => a.type !== 'KeywordArgumentExpression');
-      const separator =
-        positional && args.length === 1 ? (this.evaluate(args[0] as never, env) as RuntimeValue) : undefined;
-      // join by an attribute: the library writes each item's own text, never the attribute's;
-      // failing the rendering routes the request on its text rather than on wrong ids
-      if (!positional) throw new Error('join with keyword arguments is not rendered here');
-      if (separator === undefined || separator instanceof StringValue)
-        return new StringValue(
-          (operand.value as RuntimeValue[]).map(pythonStr).join((separator?.value as string | undefined) ?? ''),
-        );
+      // join by an attribute (a keyword argument, or the second positional one): the library
+      // writes each item's own text, never the attribute's; failing the rendering routes the
+      // request on its text rather than on wrong ids
+      if (args.length > 1 || args.some((a) => a.type === 'KeywordArgumentExpression'))
+        throw new Error('join by an attribute, or with keyword arguments, is not rendered here');
+      // the separator is str() of whatever it is (join(None) joins with "None"), as Jinja2's
+      const separator = args.length === 1 ? pythonStr(this.evaluate(args[0] as never, env) as RuntimeValue) : '';
+      return new StringValue((operand.value as RuntimeValue[]).map(pythonStr).join(separator));
     }
     // Jinja's trim filter is Python's str.strip(chars), not JavaScript's trim()
     if (isFilter(filter, 'trim') && operand instanceof StringValue) {

@@ -82,7 +82,8 @@ test('join by an attribute fails the rendering (the request is routed on its tex
   const render = (source: string) =>
     renderWithPythonNumbers(new Template(source).parsed, { l: [{ n: 'x' }, { n: 'y' }] });
   // Jinja2 writes "xy"; the library would write each item's own text
-  assert.throws(() => render('{{ l | join(attribute="n") }}'), /join with keyword arguments/);
-  assert.throws(() => render('{{ l | join(d=",") }}'), /join with keyword arguments/);
+  assert.throws(() => render('{{ l | join(attribute="n") }}'), /join by an attribute/);
+  assert.throws(() => render('{{ l | join(d=",") }}'), /join by an attribute/);
+  assert.throws(() => render('{{ l | join(",", "n") }}'), /join by an attribute/);
   assert.equal(render('{{ l | map(attribute="n") | join(",") }}'), 'x,y');
 });
