@@ -5,7 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import type { ServerResponse } from 'node:http';
-import { test } from 'node:test';
+import { test, type TestContext } from 'node:test';
 import { MockEngine } from '../../src/engines/mock-engine.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway, type Gateway } from '../../src/server/gateway.js';
@@ -66,7 +66,8 @@ async function fleet(workers: Array<{ id: string; url: string }>) {
   return { gw, url: await gw.app.listen({ host: '127.0.0.1', port: 0 }) };
 }
 
-test('a prompt longer than one engine takes goes to the engine with the longer context', async (t) => {
+/** Mock engines of model m with contexts of 64 ('short') and 4096 ('long') tokens behind a round-robin gateway. */
+async function shortAndLong(t: TestContext) {
   const short = await new MockEngine({ model: 'm', maxModelLen: 64 }).start();
   const long = await new MockEngine({ model: 'm', maxModelLen: 4096 }).start();
   const { gw, url } = await fleet([
@@ -78,6 +79,11 @@ test('a prompt longer than one engine takes goes to the engine with the longer c
     await short.close();
     await long.close();
   });
+  return { gw, url };
+}
+
+test('a prompt longer than one engine takes goes to the engine with the longer context', async (t) => {
+  const { gw, url } = await shortAndLong(t);
   // the lists are read when the workers are added: a long prompt's dry run shows when both are
   await until(
     async () =>
@@ -218,17 +224,7 @@ test('the only engines that take a prompt out of rotation for now: the short one
 });
 
 test('the long engine unhealthy for now: the client is answered 503 to try again, saying why', async (t) => {
-  const short = await new MockEngine({ model: 'm', maxModelLen: 64 }).start();
-  const long = await new MockEngine({ model: 'm', maxModelLen: 4096 }).start();
-  const { gw, url } = await fleet([
-    { id: 'short', url: `http://127.0.0.1:${short.port}` },
-    { id: 'long', url: `http://127.0.0.1:${long.port}` },
-  ]);
-  t.after(async () => {
-    await gw.close();
-    await short.close();
-    await long.close();
-  });
+  const { gw, url } = await shortAndLong(t);
   await until(async () => (await dryRun(gw, url, { prompt: prompt(100) })).worker === 'long', 'the lists read');
   gw.health.set('long', 'health-check', false, 'HTTP 500');
   const r = await fetch(`${url}/v1/completions`, {
