@@ -56,12 +56,17 @@ async function dryRun(gw: Gateway, url: string, body: Record<string, unknown>) {
   return (await r.json()) as { worker: string | null };
 }
 
-async function fleet(workers: Array<{ id: string; url: string }>) {
+/** A round-robin gateway in front of `engines`, closed with them when the test ends. */
+async function fleet(t: TestContext, engines: Array<{ id: string; url: string; engine: { close(): Promise<void> } }>) {
   const gw = await createGateway({
     router: new KVAwareRouter({ policy: 'round-robin' }),
-    workers,
+    workers: engines.map(({ id, url }) => ({ id, url })),
     metricsIntervalMs: 0,
     healthCheckIntervalMs: 0,
+  });
+  t.after(async () => {
+    await gw.close();
+    for (const { engine } of engines) await engine.close();
   });
   return { gw, url: await gw.app.listen({ host: '127.0.0.1', port: 0 }) };
 }
@@ -70,16 +75,10 @@ async function fleet(workers: Array<{ id: string; url: string }>) {
 async function shortAndLong(t: TestContext) {
   const short = await new MockEngine({ model: 'm', maxModelLen: 64 }).start();
   const long = await new MockEngine({ model: 'm', maxModelLen: 4096 }).start();
-  const { gw, url } = await fleet([
-    { id: 'short', url: `http://127.0.0.1:${short.port}` },
-    { id: 'long', url: `http://127.0.0.1:${long.port}` },
+  return fleet(t, [
+    { id: 'short', url: `http://127.0.0.1:${short.port}`, engine: short },
+    { id: 'long', url: `http://127.0.0.1:${long.port}`, engine: long },
   ]);
-  t.after(async () => {
-    await gw.close();
-    await short.close();
-    await long.close();
-  });
-  return { gw, url };
 }
 
 test('a prompt longer than one engine takes goes to the engine with the longer context', async (t) => {
@@ -146,15 +145,10 @@ test('an engine that lists no context length, or one not in rotation, leaves not
   // a list without max_model_len: nothing known of its context
   const unlisted = await listingEngine(undefined);
   const short = await new MockEngine({ model: 'm', maxModelLen: 64 }).start();
-  const { gw, url } = await fleet([
-    { id: 'short', url: `http://127.0.0.1:${short.port}` },
-    { id: 'unlisted', url: unlisted.url },
+  const { gw, url } = await fleet(t, [
+    { id: 'short', url: `http://127.0.0.1:${short.port}`, engine: short },
+    { id: 'unlisted', url: unlisted.url, engine: unlisted },
   ]);
-  t.after(async () => {
-    await gw.close();
-    await short.close();
-    await unlisted.close();
-  });
   await until(async () => (await dryRun(gw, url, { prompt: prompt(100) })).worker === 'unlisted', 'the lists read');
   for (let i = 0; i < 4; i++) {
     const r = await complete(url, { prompt: prompt(100, i + 2), max_tokens: 1 });
@@ -254,15 +248,10 @@ test("the long engine busy or failing the prompt, the client is answered to try 
       .writeHead(answer, { 'content-type': 'application/json', 'retry-after': '2' })
       .end('{"error":{"message":"overloaded"}}');
   });
-  const { gw, url } = await fleet([
-    { id: 'short', url: `http://127.0.0.1:${short.port}` },
-    { id: 'long', url: long.url },
+  const { gw, url } = await fleet(t, [
+    { id: 'short', url: `http://127.0.0.1:${short.port}`, engine: short },
+    { id: 'long', url: long.url, engine: long },
   ]);
-  t.after(async () => {
-    await gw.close();
-    await short.close();
-    await long.close();
-  });
   await until(async () => (await dryRun(gw, url, { prompt: prompt(100) })).worker === 'long', 'the lists read');
   // the one engine that takes the prompt may take it once it is less busy: a 400 would tell the
   // client never to send it again
@@ -297,15 +286,10 @@ test('/v1/models lists a model with the longest context its engines list, whiche
       res.writeHead(200, { 'content-type': 'application/json' }).end(card(64), () => shortAnswered());
     });
   });
-  const { gw, url } = await fleet([
-    { id: 'short', url: short.url },
-    { id: 'long', url: long.url },
+  const { url } = await fleet(t, [
+    { id: 'short', url: short.url, engine: short },
+    { id: 'long', url: long.url, engine: long },
   ]);
-  t.after(async () => {
-    await gw.close();
-    await long.close();
-    await short.close();
-  });
   const r = await fetch(`${url}/v1/models`);
   const listed = (await r.json()) as { data: Array<{ id: string; max_model_len?: number }> };
   assert.equal(r.status, 200);
