@@ -312,7 +312,7 @@ const applyFilterWithPythonNumbers: ApplyFilter = function (operand, filter, env
         return new IntegerValue((operand.value as Map<string, RuntimeValue>).size) as unknown as RuntimeValue;
     }
     // Jinja2's join writes each item's str() (None, True, a dict as Python writes them), where the
-    // library writes its own text; with an attribute to join by, the library's
+    // library writes its own text
     if (isFilter(filter, 'join') && operand instanceof ArrayValue) {
       const args = filter.type === 'CallExpression' ? ((filter as { args?: Array<{ type: string }> }).args ?? []) : [];
       // join by an attribute (a keyword argument, or the second positional one): the library
@@ -406,9 +406,8 @@ const evaluateBlockAsPython: EvaluateBlock = function (statements, env) {
   let result = '';
   for (const statement of statements) {
     const value = interpreterMethods.evaluate.call(this, statement, env);
-    if (!STATEMENTS.has(statement.type)) {
-      if (!(value instanceof UndefinedValue)) result += pythonStr(value);
-    } else if (!(value instanceof NullValue) && !(value instanceof UndefinedValue)) result += value.toString();
+    if (!STATEMENTS.has(statement.type)) result += pythonStr(value);
+    else if (!(value instanceof NullValue) && !(value instanceof UndefinedValue)) result += value.toString();
   }
   return new StringValue(result);
 };
@@ -418,8 +417,7 @@ const evaluateBinaryAsPython: EvaluateBinary = function (node, env) {
   if (node.operator.value !== '~') return libraryBinary.call(this, node, env);
   const left = interpreterMethods.evaluate.call(this, node.left, env);
   const right = interpreterMethods.evaluate.call(this, node.right, env);
-  const str = (v: RuntimeValue) => (v instanceof UndefinedValue ? '' : pythonStr(v));
-  return new StringValue(str(left) + str(right));
+  return new StringValue(pythonStr(left) + pythonStr(right));
 };
 
 /** Renders a parsed template over `items` (as Template.render does), Python numbers as Python writes them. */
