@@ -7,9 +7,14 @@
  *                     [--workers 8] [--traces mooncake-conversation,ragpulse,...] [--out bench/results]
  *                     [--policies cost,sglang,...] [--prompt-scale 0.88] [--rate-scale 1.13] [--render-only]
  *                     [--closed-loop] [--cost-weights '{"pressure":2}' --out DIR]
+ *                     [--engine '{"kvTokens":190000,...}' --out DIR]
  *
  * `--cost-weights` runs `cost` with some of its weights changed (JSON, as the router's
  * costWeights option), a variant measured beside the defaults; it needs `--out`.
+ * `--engine` runs every policy on engines of other hardware (JSON, some of ENGINE_DEFAULTS'
+ * settings, src/engine-model/config.ts): the weights of `cost` are derived for the default
+ * engine, and this measures them on one they were not derived for; it needs `--out`. The load
+ * points are chosen on that engine, as for the default one.
  * `--closed-loop` replays sessions closed-loop (a session's next request once its previous one
  * has ended; ScenarioOptions.closedLoop): only traces with sessions change (`agentic:N`).
  *
@@ -60,7 +65,7 @@ import {
 import { KNOWN_POLICIES, TABLE_POLICIES } from './policies.js';
 import type { TraceRequest } from '../src/sim/trace.js';
 import { renderSweepTables } from './sim-readme.js';
-import { benchFlags, benchOutputFile, costWeightsFlag, intFlag, usageError } from './stats.js';
+import { benchFlags, benchOutputFile, costWeightsFlag, engineFlag, intFlag, usageError } from './stats.js';
 
 const flags = benchFlags(process.argv.slice(2), {
   json: 'switch',
@@ -76,6 +81,7 @@ const flags = benchFlags(process.argv.slice(2), {
   'render-only': 'switch',
   'closed-loop': 'switch',
   'cost-weights': 'value',
+  engine: 'value',
 });
 const WORKERS = intFlag(flags, 'workers', 8);
 const SAMPLES = intFlag(flags, 'samples', 5);
@@ -102,6 +108,10 @@ const OUT = String(flags.get('out') ?? 'bench/results');
 const COST_WEIGHTS = costWeightsFlag(flags);
 if (COST_WEIGHTS && !flags.has('out'))
   usageError('--cost-weights needs --out: bench/results holds the sweep of the default weights');
+/** Engines of other hardware (a sweep measured beside the default engine's): never into the README's files. */
+const ENGINE = engineFlag(flags);
+if (ENGINE && !flags.has('out'))
+  usageError('--engine needs --out: bench/results holds the sweep of the default engine');
 const onlyPolicies = flags.get('policies');
 const POLICIES = typeof onlyPolicies === 'string' ? onlyPolicies.split(',') : TABLE_POLICIES;
 if (
@@ -231,8 +241,9 @@ const sweepOptions: SweepOptions = {
     workers: WORKERS,
     ...(CLOSED_LOOP ? { scenario: { closedLoop: true } } : {}),
     ...(COST_WEIGHTS ? { router: { costWeights: COST_WEIGHTS } } : {}),
+    ...(ENGINE ? { engine: ENGINE } : {}),
   },
-  workerPrefillTokensPerSecond: 1000 / ENGINE_DEFAULTS.linearMsPerToken,
+  workerPrefillTokensPerSecond: 1000 / (ENGINE?.linearMsPerToken ?? ENGINE_DEFAULTS.linearMsPerToken),
 };
 
 mkdirSync(OUT, { recursive: true });

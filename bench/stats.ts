@@ -3,6 +3,7 @@
 import { readFileSync } from 'node:fs';
 import { checkOutputFile, type OutputFile } from '../src/cli/output-file.js';
 import { resolveCostWeights, type CostWeights } from '../src/core/policies/index.js';
+import { ENGINE_DEFAULTS, engineConfig, type EngineConfig } from '../src/engine-model/index.js';
 
 export { percentile } from '../src/sim/percentile.js';
 
@@ -148,6 +149,39 @@ export function costWeightsFlag(flags: Map<string, string | true>): Partial<Cost
     usageError(`--cost-weights: ${(err as Error).message}`);
   }
   return parsed as Partial<CostWeights>;
+}
+
+/** The engine settings `--engine` may change: every one of ENGINE_DEFAULTS (the block size is the trace's). */
+export type EngineSettings = Partial<Omit<EngineConfig, 'blockTokens'>>;
+
+/**
+ * `--engine JSON`: some of the simulated engine's settings, e.g. '{"kvTokens":190000}', checked as
+ * the simulator checks them (undefined when the flag is not given); an unknown setting or a bad
+ * value ends the program through usageError, naming it.
+ */
+export function engineFlag(flags: Map<string, string | true>): EngineSettings | undefined {
+  const v = flags.get('engine');
+  if (v === undefined) return undefined;
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(String(v));
+  } catch {
+    parsed = undefined;
+  }
+  if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed))
+    usageError(`--engine must be a JSON object of engine settings, e.g. '{"kvTokens":190000}', got '${String(v)}'`);
+  for (const key of Object.keys(parsed))
+    if (!Object.hasOwn(ENGINE_DEFAULTS, key))
+      usageError(`--engine: unknown setting '${key}' (known: ${Object.keys(ENGINE_DEFAULTS).join(', ')})`);
+  try {
+    engineConfig({ ...(parsed as EngineSettings), blockTokens: 1 });
+  } catch (err) {
+    usageError(`--engine: ${(err as Error).message}`);
+  }
+  // the sweep's load points are counted in the engines' prefill rate, 1 / linearMsPerToken
+  if ((parsed as EngineSettings).linearMsPerToken === 0)
+    usageError('--engine: linearMsPerToken must be > 0 (the load points are counted in the prefill rate it gives)');
+  return parsed as EngineSettings;
 }
 
 export function intFlag(flags: Map<string, string | true>, name: string, fallback: number): number {

@@ -58,6 +58,39 @@ describe('bench:trace-seeds', () => {
       assert.doesNotMatch(badSim.stderr, /\n\s+at /, 'no stack trace');
     }));
 
+  test('bench:sim --engine: without --out, not JSON, an unknown setting or a bad value, refused before any run', () =>
+    inTempDir('sim-engine-', (dir) => {
+      for (const [args, message] of [
+        [['--engine', '{"kvTokens":190000}'], /^error: --engine needs --out/],
+        [['--engine', 'kvTokens=190000', '--out', dir], /^error: --engine must be a JSON object/],
+        [['--engine', '[1]', '--out', dir], /^error: --engine must be a JSON object/],
+        [
+          ['--engine', '{"kvTokenz":1}', '--out', dir],
+          /^error: --engine: unknown setting 'kvTokenz' \(known: kvTokens, /,
+        ],
+        [['--engine', '{"blockTokens":16}', '--out', dir], /^error: --engine: unknown setting 'blockTokens'/],
+        [
+          ['--engine', '{"kvTokens":-1}', '--out', dir],
+          /^error: --engine: engine kvTokens must be a finite number >= 0/,
+        ],
+        [
+          ['--engine', '{"blendRecompute":2}', '--out', dir],
+          /^error: --engine: engine blendRecompute must be in \[0, 1\]/,
+        ],
+        [['--engine', '{"linearMsPerToken":0}', '--out', dir], /^error: --engine: linearMsPerToken must be > 0/],
+        [
+          ['--engine', '{"maxRunning":0}', '--out', dir],
+          /^error: --engine: engine maxBatchTokens and maxRunning must be >= 1/,
+        ],
+      ] as const) {
+        const r = benchScript('bench/sim.ts', ...args);
+        assert.equal(r.status, 2, `${args.join(' ')}: ${r.stderr}`);
+        assert.match(r.stderr, message, args.join(' '));
+        assert.doesNotMatch(r.stderr, /\n\s+at /, 'no stack trace');
+        assert.equal(r.stdout, '');
+      }
+    }));
+
   test('an unknown policy or shape is named, before any run', () =>
     inTempDir('trace-seeds-', (dir) => {
       const out = join(dir, 'seeds.json');
