@@ -128,12 +128,18 @@ export function benchOutputFile(flag: string, path: string): OutputFile {
 }
 
 /**
- * `--cost-weights JSON`: some of the `cost` policy's weights, e.g. '{"pressure":2}', checked as the
- * router checks them (undefined when the flag is not given); a bad one ends the program through
- * usageError, naming the weight.
+ * The JSON object a flag gives, checked by `check` (which throws naming what is wrong), or
+ * undefined when the flag is not given; one that is not a JSON object, or that `check` refuses,
+ * ends the program through usageError naming the flag. `what` says what the object holds, with an
+ * example, for the message.
  */
-export function costWeightsFlag(flags: Map<string, string | true>): Partial<CostWeights> | undefined {
-  const v = flags.get('cost-weights');
+function jsonObjectFlag(
+  flags: Map<string, string | true>,
+  name: string,
+  what: string,
+  check: (value: Record<string, unknown>) => void,
+): Record<string, unknown> | undefined {
+  const v = flags.get(name);
   if (v === undefined) return undefined;
   let parsed: unknown;
   try {
@@ -142,13 +148,24 @@ export function costWeightsFlag(flags: Map<string, string | true>): Partial<Cost
     parsed = undefined;
   }
   if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed))
-    usageError(`--cost-weights must be a JSON object of cost weights, e.g. '{"pressure":2}', got '${String(v)}'`);
+    usageError(`--${name} must be a JSON object of ${what}, got '${String(v)}'`);
   try {
-    resolveCostWeights(parsed as Partial<CostWeights>);
+    check(parsed as Record<string, unknown>);
   } catch (err) {
-    usageError(`--cost-weights: ${(err as Error).message}`);
+    usageError(`--${name}: ${(err as Error).message}`);
   }
-  return parsed as Partial<CostWeights>;
+  return parsed as Record<string, unknown>;
+}
+
+/**
+ * `--cost-weights JSON`: some of the `cost` policy's weights, e.g. '{"pressure":2}', checked as the
+ * router checks them (undefined when the flag is not given); a bad one ends the program through
+ * usageError, naming the weight.
+ */
+export function costWeightsFlag(flags: Map<string, string | true>): Partial<CostWeights> | undefined {
+  return jsonObjectFlag(flags, 'cost-weights', `cost weights, e.g. '{"pressure":2}'`, (weights) =>
+    resolveCostWeights(weights as Partial<CostWeights>),
+  ) as Partial<CostWeights> | undefined;
 }
 
 /** The engine settings `--engine` may change: every one of ENGINE_DEFAULTS (the block size is the trace's). */
@@ -160,28 +177,15 @@ export type EngineSettings = Partial<Omit<EngineConfig, 'blockTokens'>>;
  * value ends the program through usageError, naming it.
  */
 export function engineFlag(flags: Map<string, string | true>): EngineSettings | undefined {
-  const v = flags.get('engine');
-  if (v === undefined) return undefined;
-  let parsed: unknown;
-  try {
-    parsed = JSON.parse(String(v));
-  } catch {
-    parsed = undefined;
-  }
-  if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed))
-    usageError(`--engine must be a JSON object of engine settings, e.g. '{"kvTokens":190000}', got '${String(v)}'`);
-  for (const key of Object.keys(parsed))
-    if (!Object.hasOwn(ENGINE_DEFAULTS, key))
-      usageError(`--engine: unknown setting '${key}' (known: ${Object.keys(ENGINE_DEFAULTS).join(', ')})`);
-  try {
-    engineConfig({ ...(parsed as EngineSettings), blockTokens: 1 });
-  } catch (err) {
-    usageError(`--engine: ${(err as Error).message}`);
-  }
-  // the sweep's load points are counted in the engines' prefill rate, 1 / linearMsPerToken
-  if ((parsed as EngineSettings).linearMsPerToken === 0)
-    usageError('--engine: linearMsPerToken must be > 0 (the load points are counted in the prefill rate it gives)');
-  return parsed as EngineSettings;
+  return jsonObjectFlag(flags, 'engine', `engine settings, e.g. '{"kvTokens":190000}'`, (settings) => {
+    for (const key of Object.keys(settings))
+      if (!Object.hasOwn(ENGINE_DEFAULTS, key))
+        throw new RangeError(`unknown setting '${key}' (known: ${Object.keys(ENGINE_DEFAULTS).join(', ')})`);
+    engineConfig({ ...(settings as EngineSettings), blockTokens: 1 });
+    // the sweep's load points are counted in the engines' prefill rate, 1 / linearMsPerToken
+    if (settings.linearMsPerToken === 0)
+      throw new RangeError('linearMsPerToken must be > 0 (the load points are counted in the prefill rate it gives)');
+  }) as EngineSettings | undefined;
 }
 
 export function intFlag(flags: Map<string, string | true>, name: string, fallback: number): number {
