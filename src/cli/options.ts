@@ -119,6 +119,12 @@ export const SIM_LIMITS = Object.freeze({
   kvTokens: 2 ** 24,
   /** KV tokens of the whole cluster (workers × KV tokens of each). */
   clusterKvTokens: 2 ** 29,
+  /**
+   * KV blocks of the whole cluster (each engine's KV tokens / the trace's block size, summed):
+   * an engine holds some 25 bytes per block whatever its size, so a trace of small blocks
+   * needs far more memory for the same tokens (16 Mi, mock-engine's bound on its blocks).
+   */
+  clusterKvBlocks: 2 ** 24,
   speed: { min: 1e-3, max: 1e6 },
   /** Simulated delays and intervals (ms): a day. */
   delayMs: 86_400_000,
@@ -130,6 +136,25 @@ export function checkClusterKv(workers: number, kvTokens: readonly number[], fla
   if (total > SIM_LIMITS.clusterKvTokens)
     throw new RangeError(
       `${flags}: the simulated cluster would hold ${total} KV tokens, more than ${SIM_LIMITS.clusterKvTokens} (each engine's blocks are held in memory)`,
+    );
+}
+
+/**
+ * The simulated cluster's KV in blocks of the trace (`blockSize` tokens), refused past
+ * SIM_LIMITS.clusterKvBlocks with the flags that set it: each engine holds floor(KV tokens /
+ * block size) blocks (at least one), so a trace of 1-token blocks holds as many blocks as tokens.
+ */
+export function checkClusterKvBlocks(
+  workers: number,
+  kvTokens: readonly number[],
+  blockSize: number,
+  flags: string,
+): void {
+  const blocks = (t: number) => Math.max(1, Math.floor(t / blockSize));
+  const total = kvTokens.length === 1 ? workers * blocks(kvTokens[0]) : kvTokens.reduce((a, t) => a + blocks(t), 0);
+  if (total > SIM_LIMITS.clusterKvBlocks)
+    throw new RangeError(
+      `${flags}: the simulated cluster would hold ${total} KV blocks of the trace's block size (${blockSize} ${blockSize === 1 ? 'token' : 'tokens'}), more than ${SIM_LIMITS.clusterKvBlocks} (each engine's blocks are held in memory)`,
     );
 }
 

@@ -12,7 +12,7 @@ import { formatTable, pct } from '../format.js';
 import { fileErrorMessage, quotedText, shownText } from '../../core/shown-text.js';
 import { parseWorkerEvents, type ScenarioOptions } from '../../sim/scenarios.js';
 import { ENGINE_DEFAULTS } from '../../engine-model/config.js';
-import { checkClusterKv, checkPolicyNames, policyList } from '../options.js';
+import { checkClusterKv, checkClusterKvBlocks, checkPolicyNames, policyList } from '../options.js';
 import {
   checkDistinctOutputs,
   checkOutputFile,
@@ -41,6 +41,9 @@ export async function runSimulate(flags: SimulateFlags): Promise<void> {
   checkDistinctOutputs(outputs, [['--trace', flags.trace]]);
   const { name, requests } = await loadTrace(flags.trace);
   checkKvHoldsBlock(flags, requests[0]?.blockSize);
+  // the cluster's KV counts in blocks once the trace's block size is known
+  if (requests.length > 0)
+    checkClusterKvBlocks(flags.workers, clusterKvTokens(flags), requests[0].blockSize, clusterKvFlags(flags));
   // a judge role's lines are isolated everywhere the run reads them, as `isolate: true` lines
   // are: the engines' keys, the seed's anchor, the bounds (the router is told the roles too)
   if (flags.judgeRoles) {
@@ -175,11 +178,7 @@ export function scenarioFromFlags(flags: SimulateFlags): ScenarioOptions | undef
     }
     s.workerKvTokens = flags.workerKvTokens;
   }
-  checkClusterKv(
-    flags.workers,
-    flags.workerKvTokens ?? [flags.kvTokens ?? DEFAULT_KV_TOKENS],
-    flags.workerKvTokens ? '--worker-kv-tokens' : '--workers × --kv-tokens',
-  );
+  checkClusterKv(flags.workers, clusterKvTokens(flags), clusterKvFlags(flags));
   if (flags.scenarioSeed !== undefined) {
     const draws = [flags.eventJitterMs, flags.eventLoss, flags.cancelRate, flags.nonStreamingShare];
     if (!draws.some((v) => v !== undefined && v > 0))
@@ -190,6 +189,18 @@ export function scenarioFromFlags(flags: SimulateFlags): ScenarioOptions | undef
   }
   return Object.keys(s).length > 0 ? s : undefined;
 }
+
+/** Each engine's KV tokens as the flags set them: one value for all, or --worker-kv-tokens. */
+const clusterKvTokens = (flags: SimulateFlags): readonly number[] =>
+  flags.workerKvTokens ?? [flags.kvTokens ?? DEFAULT_KV_TOKENS];
+
+/** The flags that set the cluster's KV, as its limits' messages name them. */
+const clusterKvFlags = (flags: SimulateFlags): string =>
+  flags.workerKvTokens
+    ? '--worker-kv-tokens'
+    : flags.kvTokens !== undefined
+      ? '--workers × --kv-tokens'
+      : `--workers × --kv-tokens (default ${DEFAULT_KV_TOKENS})`;
 
 /**
  * An engine smaller than one KV block, or serving requests shorter than one, can hold no

@@ -1,5 +1,7 @@
 import { quotedText } from '../../core/shown-text.js';
 import { loadTrace, namingTrace } from '../../sim/load-trace.js';
+import { ENGINE_DEFAULTS } from '../../engine-model/config.js';
+import { checkClusterKvBlocks } from '../options.js';
 import { renderRouterOptions, renderWeightsConfig, tuneCostWeights } from '../../sim/tune.js';
 
 export interface TuneFlags {
@@ -19,6 +21,13 @@ export async function runTune(flags: TuneFlags): Promise<void> {
   if (flags.trainFraction >= 1) throw new RangeError('--train-fraction must be below 1');
   const { name, requests } = await loadTrace(flags.trace);
   if (requests.length < 2) throw new RangeError('--trace needs at least 2 requests to hold some out');
+  // tune's engines have the default KV: the cluster's blocks are bounded as simulate's are
+  checkClusterKvBlocks(
+    flags.workers,
+    [ENGINE_DEFAULTS.kvTokens],
+    requests[0].blockSize,
+    `--workers (${ENGINE_DEFAULTS.kvTokens} KV tokens each)`,
+  );
   const result = namingTrace(flags.trace, () =>
     tuneCostWeights(requests, {
       workers: flags.workers,

@@ -1,0 +1,69 @@
+/**
+ * simulate's (and tune's) limits on what a user controls, past the flags' own ranges: the
+ * cluster's KV counted in the trace's blocks. Each is refused before the replay with one line
+ * naming the flag or the file and line, exit status 2, no stack trace.
+ */
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, test } from 'node:test';
+import { CLI } from '../helpers/cli-entry.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'cf-sim-input-limits-'));
+after(() => rmSync(dir, { recursive: true, force: true }));
+
+const cli = (args: string[]) => spawnSync(process.execPath, [...CLI, ...args], { encoding: 'utf8' });
+
+/** A file of `text` in the test's directory. */
+function file(name: string, text: string): string {
+  const path = join(dir, name);
+  writeFileSync(path, text);
+  return path;
+}
+
+/** Asserts a refusal: exit status 2 and exactly `message` on stderr. */
+function refused(r: ReturnType<typeof cli>, message: string): void {
+  assert.equal(r.status, 2, r.stderr);
+  assert.equal(r.stderr, `error: ${message}\n`);
+  assert.equal(r.stdout, '');
+}
+
+// two requests of 16 tokens in 1-token blocks
+const BS1 = [0, 1]
+  .map(
+    (t) =>
+      `{"timestamp": ${t}, "input_length": 16, "output_length": 1, "block_size": 1, "hash_ids": [${Array.from({ length: 16 }, (_, i) => i + 1).join(', ')}]}`,
+  )
+  .join('\n');
+
+test("the cluster's KV is bounded in the trace's blocks: the flags that set it and the block size are named", () => {
+  const trace = file('bs1.jsonl', BS1);
+  const simulate = (...args: string[]) =>
+    cli(['simulate', '--trace', trace, '--policies', 'round-robin', '--no-progress', ...args]);
+  // 2 engines of 2^24 tokens: 2^25 blocks of 1 token, within the 2^29 tokens a cluster may hold
+  refused(
+    simulate('--workers', '2', '--kv-tokens', '16777216'),
+    "--workers × --kv-tokens: the simulated cluster would hold 33554432 KV blocks of the trace's block size (1 token), more than 16777216 (each engine's blocks are held in memory)",
+  );
+  // heterogeneous workers: their blocks are summed
+  refused(
+    simulate('--workers', '2', '--worker-kv-tokens', '16777216,1'),
+    "--worker-kv-tokens: the simulated cluster would hold 16777217 KV blocks of the trace's block size (1 token), more than 16777216 (each engine's blocks are held in memory)",
+  );
+  // the default KV of each engine (300000 tokens) on many workers
+  refused(
+    simulate('--workers', '64'),
+    "--workers × --kv-tokens (default 300000): the simulated cluster would hold 19200000 KV blocks of the trace's block size (1 token), more than 16777216 (each engine's blocks are held in memory)",
+  );
+  // tune's engines have the default KV
+  refused(
+    cli(['tune', '--trace', trace, '--workers', '64', '--trials', '1']),
+    "--workers (300000 KV tokens each): the simulated cluster would hold 19200000 KV blocks of the trace's block size (1 token), more than 16777216 (each engine's blocks are held in memory)",
+  );
+  // at the defaults the same trace replays
+  const ok = simulate('--format', 'json');
+  assert.equal(ok.status, 0, ok.stderr);
+  assert.equal(JSON.parse(ok.stdout).requests, 2);
+});
