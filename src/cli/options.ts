@@ -125,6 +125,13 @@ export const SIM_LIMITS = Object.freeze({
    * needs far more memory for the same tokens (16 Mi, mock-engine's bound on its blocks).
    */
   clusterKvBlocks: 2 ** 24,
+  /**
+   * Router replicas × the trace's blocks (hash ids and content-anchor blocks): each replica
+   * keeps an index and its policy's state over the blocks it routes, some 60 bytes a block, so
+   * 32 Mi comes to about 2 GB whatever the number of replicas. One replica is the replay itself,
+   * held by the trace's own bound (MAX_TRACE_BLOCKS).
+   */
+  replicaBlocks: 2 ** 25,
   speed: { min: 1e-3, max: 1e6 },
   /** Simulated delays and intervals (ms): a day. */
   delayMs: 86_400_000,
@@ -156,6 +163,18 @@ export function checkClusterKvBlocks(
     throw new RangeError(
       `${flags}: the simulated cluster would hold ${total} KV blocks of the trace's block size (${blockSize} ${blockSize === 1 ? 'token' : 'tokens'}), more than ${SIM_LIMITS.clusterKvBlocks} (each engine's blocks are held in memory)`,
     );
+}
+
+/**
+ * Router replicas of a run over a trace of `traceBlocks` blocks, refused past
+ * SIM_LIMITS.replicaBlocks naming --replicas, with the most this trace may have.
+ */
+export function checkReplicaBlocks(replicas: number, traceBlocks: number): void {
+  if (replicas < 2 || replicas * traceBlocks <= SIM_LIMITS.replicaBlocks) return;
+  const most = Math.floor(SIM_LIMITS.replicaBlocks / traceBlocks);
+  throw new RangeError(
+    `--replicas ${replicas}: ${replicas} router replicas × the trace's ${traceBlocks} blocks (hash ids and content-anchor blocks) is ${replicas * traceBlocks}, more than ${SIM_LIMITS.replicaBlocks} (each replica holds its own index of the blocks in memory); ${most < 2 ? 'this trace takes one replica' : `this trace takes at most ${most}`}`,
+  );
 }
 
 /**

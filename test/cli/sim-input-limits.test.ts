@@ -67,3 +67,21 @@ test("the cluster's KV is bounded in the trace's blocks: the flags that set it a
   assert.equal(ok.status, 0, ok.stderr);
   assert.equal(JSON.parse(ok.stdout).requests, 2);
 });
+
+test("router replicas are bounded by the trace's blocks they would each hold, naming --replicas", () => {
+  // one request of 2^20 blocks: 1 hash id and a content anchor of 2^20 - 1 one-token blocks
+  const trace = file(
+    'anchor.jsonl',
+    '{"timestamp": 0, "input_length": 1048576, "output_length": 1, "block_size": 1, "hash_ids": [1], "anchors": ["doc"], "anchor_lengths": [1048575]}',
+  );
+  const simulate = (...args: string[]) =>
+    cli(['simulate', '--trace', trace, '--policies', 'round-robin', '--no-progress', '--format', 'json', ...args]);
+  refused(
+    simulate('--replicas', '33'),
+    "--replicas 33: 33 router replicas × the trace's 1048576 blocks (hash ids and content-anchor blocks) is 34603008, more than 33554432 (each replica holds its own index of the blocks in memory); this trace takes at most 32",
+  );
+  // at the bound the run goes ahead (the request is over the engines' context: rejected, quickly)
+  const ok = simulate('--replicas', '32');
+  assert.equal(ok.status, 0, ok.stderr);
+  assert.equal(JSON.parse(ok.stdout).requests, 1);
+});
