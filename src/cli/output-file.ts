@@ -125,25 +125,66 @@ function sameFile(a: { target: string; id?: { dev: number; ino: number } }, b: t
 }
 
 /**
- * Refuses an output that is the same file as an input (`inputs`: flag and path, e.g. the trace),
- * or as another output: writing it would destroy the input, or one output would overwrite the
- * other. `/dev/stdout` and other devices may be named by several outputs. RangeError naming
- * both flags.
+ * A path with its symbolic links resolved: its real path when it exists, else its directory's
+ * real path and its name (a file not yet made in a directory named through a link), else the
+ * path resolved.
  */
-export function checkDistinctOutputs(outputs: readonly OutputFile[], inputs: ReadonlyArray<[string, string]>): void {
-  for (const [flag, path] of inputs) {
-    let st;
+function canonicalPath(path: string): string {
+  try {
+    return realpathSync(path);
+  } catch {
     try {
-      st = statSync(path);
+      return join(realpathSync(dirname(resolve(path))), basename(path));
     } catch {
-      continue; // not a file (a generated trace's spec, say): no output can be it
+      return resolve(path);
     }
-    const input = { target: realpathSync(path), id: { dev: st.dev, ino: st.ino } };
-    for (const out of outputs)
-      if (sameFile(out, input))
+  }
+}
+
+/**
+ * A file an input flag reads (a trace directory's files): `file` itself, or, with `shadows`, a
+ * name not there now that the reader would read in place of `shadows` were it made (a trace's
+ * `x.jsonl` before `x.jsonl.gz`).
+ */
+export interface InputFile {
+  readonly file: string;
+  readonly shadows?: string;
+}
+
+/**
+ * Refuses an output that is the same file as an input (`inputs`: flag, path, and the files it
+ * reads when the path is not the file itself, e.g. a trace directory's), or a name the input's
+ * reader would read in its place, or the same file as another output: writing it would destroy
+ * (or change) the input, or one output would overwrite the other. Symbolic and hard links count
+ * as the file. `/dev/stdout` and other devices may be named by several outputs. RangeError
+ * naming both flags.
+ */
+export function checkDistinctOutputs(
+  outputs: readonly OutputFile[],
+  inputs: ReadonlyArray<readonly [flag: string, path: string, files?: readonly InputFile[]]>,
+): void {
+  for (const [flag, path, files = [{ file: path }]] of inputs) {
+    for (const { file, shadows } of files) {
+      let st;
+      try {
+        st = statSync(file);
+      } catch {
+        if (shadows === undefined) continue; // not a file (a generated trace's spec, say): no output can be it
+      }
+      const input = { target: canonicalPath(file), id: st && { dev: st.dev, ino: st.ino } };
+      for (const out of outputs) {
+        if (!sameFile({ target: canonicalPath(out.target), id: out.id }, input)) continue;
+        if (shadows !== undefined)
+          throw new RangeError(
+            `${out.flag} ${shownText(out.path)} would be read by ${flag} ${shownText(path)} in place of ${shownText(shadows)}: writing it would change the input`,
+          );
         throw new RangeError(
-          `${out.flag} ${shownText(out.path)} is the same file as ${flag} ${shownText(path)}: writing it would destroy the input`,
+          file === path
+            ? `${out.flag} ${shownText(out.path)} is the same file as ${flag} ${shownText(path)}: writing it would destroy the input`
+            : `${out.flag} ${shownText(out.path)} is the same file as ${shownText(file)}, which ${flag} ${shownText(path)} reads: writing it would destroy the input`,
         );
+      }
+    }
   }
   outputs.forEach((a, i) => {
     for (const b of outputs.slice(i + 1))

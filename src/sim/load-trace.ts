@@ -3,7 +3,7 @@ import { MAX_SEED } from '../core/rng.js';
 import { quotedText, shownText } from '../core/shown-text.js';
 import { basename, join } from 'node:path';
 import { generateAgenticTrace } from './agentic.js';
-import { loadRagpulse } from './ragpulse.js';
+import { loadRagpulse, ragpulseFiles } from './ragpulse.js';
 import { loadMooncakeTrace, ReplayError, type TraceRequest } from './trace.js';
 import { generateWorkflowTrace } from './workflows.js';
 
@@ -44,12 +44,31 @@ export async function loadTrace(spec: string): Promise<{ name: string; requests:
   }
   if (!existsSync(spec)) throw new RangeError(`--trace: no such file: ${shownText(spec)}`);
   if (statSync(spec).isDirectory()) {
-    if (existsSync(join(spec, '0_trace.jsonl')) || existsSync(join(spec, '0_trace.jsonl.gz'))) {
+    if (isRagpulseDir(spec)) {
       return { name: basename(spec), requests: await loadRagpulse(spec) };
     }
     throw new RangeError(`--trace: ${shownText(spec)} is a directory without a RAGPulse 0_trace.jsonl`);
   }
   return { name: basename(spec), requests: await loadMooncakeTrace(spec) };
+}
+
+/** Whether `spec` names a RAGPulse directory (with its 0_trace.jsonl, or .gz). */
+const isRagpulseDir = (spec: string): boolean =>
+  existsSync(join(spec, '0_trace.jsonl')) || existsSync(join(spec, '0_trace.jsonl.gz'));
+
+/**
+ * The files loadTrace reads for `spec` when they are not `spec` itself: a RAGPulse directory's
+ * (ragpulseFiles); undefined for a file, which is read as named, and [] for a generated trace.
+ * An output must be none of them.
+ */
+export function traceFiles(spec: string): Array<{ file: string; shadows?: string }> | undefined {
+  if (spec.startsWith('workflows:') || spec.startsWith('agentic:')) return [];
+  try {
+    if (statSync(spec).isDirectory()) return isRagpulseDir(spec) ? ragpulseFiles(spec) : [];
+  } catch {
+    // no such file: loadTrace says so
+  }
+  return undefined;
 }
 
 /**

@@ -44,6 +44,20 @@ const CHUNK_COMPONENTS: readonly ChunkComponent[] = [
 const traceFile = (path: string): string => (existsSync(path) ? path : `${path}.gz`);
 
 /**
+ * The files loadRagpulse reads in `dir` (each of RAGPULSE_FILES, or its `.gz` when only that
+ * exists), and for each `.gz` read the name it would read in its place were that made: an
+ * output must be none of them.
+ */
+export function ragpulseFiles(dir: string): Array<{ file: string; shadows?: string }> {
+  const names = [RAGPULSE_FILES.trace, ...CHUNK_COMPONENTS.map((c) => RAGPULSE_FILES[c][0])];
+  return names.flatMap((name) => {
+    const path = join(dir, name);
+    const file = traceFile(path);
+    return file === path ? [{ file }] : [{ file }, { file: path, shadows: file }];
+  });
+}
+
+/**
  * The lines of `path` (or `path.gz`), blank ones skipped, each with the file read (`source`: the
  * name a malformed line's error gives, its directory included); a missing file, or one of more
  * than MAX_TRACE_REQUESTS lines (`records`), is a RangeError naming it.

@@ -5,9 +5,11 @@
  */
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { cpSync, linkSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { gzipSync } from 'node:zlib';
 import { after, test } from 'node:test';
 import { CLI } from '../helpers/cli-entry.js';
 
@@ -84,4 +86,45 @@ test("router replicas are bounded by the trace's blocks they would each hold, na
   const ok = simulate('--replicas', '32');
   assert.equal(ok.status, 0, ok.stderr);
   assert.equal(JSON.parse(ok.stdout).requests, 1);
+});
+
+test('an output that is a file a RAGPulse directory is read from is refused, through links too, and the file stays whole', () => {
+  const rag = join(dir, 'rag');
+  cpSync(fileURLToPath(new URL('../fixtures/ragpulse-sample', import.meta.url)), rag, { recursive: true });
+  // one side file only gzipped: the .gz is read, and a plain one made next to it would be read instead
+  writeFileSync(join(rag, '4_user_input.jsonl.gz'), gzipSync(readFileSync(join(rag, '4_user_input.jsonl'))));
+  rmSync(join(rag, '4_user_input.jsonl'));
+  const before = new Map(readdirSync(rag).map((n) => [n, readFileSync(join(rag, n))]));
+  const link = join(dir, 'rag-link');
+  symlinkSync(rag, link);
+  const passages = join(dir, 'passages-link.jsonl');
+  symlinkSync(join(rag, '2_passages.jsonl'), passages);
+  const history = join(dir, 'history-hard.jsonl');
+  linkSync(join(rag, '3_history.jsonl'), history);
+  const simulate = (trace: string, ...args: string[]) =>
+    cli(['simulate', '--trace', trace, '--workers', '2', '--policies', 'cost', '--no-progress', ...args]);
+  const cases: Array<[string, string, string, string]> = [
+    [rag, '--assignments', join(rag, '0_trace.jsonl'), join(rag, '0_trace.jsonl')],
+    [rag, '--report', join(rag, '5_web_search.jsonl'), join(rag, '5_web_search.jsonl')],
+    [rag, '--report', passages, join(rag, '2_passages.jsonl')],
+    [rag, '--assignments', history, join(rag, '3_history.jsonl')],
+    [rag, '--assignments', join(rag, '4_user_input.jsonl.gz'), join(rag, '4_user_input.jsonl.gz')],
+    // the directory named through a link
+    [link, '--assignments', join(rag, '1_sys_prompt.jsonl'), join(link, '1_sys_prompt.jsonl')],
+  ];
+  for (const [trace, flag, out, read] of cases)
+    refused(
+      simulate(trace, flag, out),
+      `${flag} ${out} is the same file as ${read}, which --trace ${trace} reads: writing it would destroy the input`,
+    );
+  refused(
+    simulate(rag, '--assignments', join(rag, '4_user_input.jsonl')),
+    `--assignments ${join(rag, '4_user_input.jsonl')} would be read by --trace ${rag} in place of ${join(rag, '4_user_input.jsonl.gz')}: writing it would change the input`,
+  );
+  for (const [n, bytes] of before) assert.deepEqual(readFileSync(join(rag, n)), bytes, n);
+  assert.deepEqual(readdirSync(rag).sort(), [...before.keys()].sort());
+  // another file in the directory is no input
+  const ok = simulate(rag, '--assignments', join(rag, 'assignments.jsonl'));
+  assert.equal(ok.status, 0, ok.stderr);
+  assert.ok(readFileSync(join(rag, 'assignments.jsonl'), 'utf8').length > 0);
 });

@@ -7,7 +7,7 @@ import {
   policyVariant,
   type ComparisonReport,
 } from '../../sim/compare.js';
-import { loadTrace, namingTrace } from '../../sim/load-trace.js';
+import { loadTrace, namingTrace, traceFiles } from '../../sim/load-trace.js';
 import { heldBlocks } from '../../sim/trace.js';
 import { formatTable, pct } from '../format.js';
 import { fileErrorMessage, quotedText, shownText } from '../../core/shown-text.js';
@@ -35,11 +35,12 @@ export async function runSimulate(flags: SimulateFlags): Promise<void> {
   const scenario = scenarioFromFlags(flags);
   // the output paths are checked before the run, so that one that cannot be written stops it at
   // once; nothing is written until the results are complete (an existing file stays as it is
-  // if the run fails), and never over the trace or the other output
+  // if the run fails), and never over the trace (every file read from a RAGPulse directory) or
+  // the other output
   const report = flags.report !== undefined ? checkOutputFile('--report', flags.report) : undefined;
   const assignments = flags.assignments !== undefined ? checkOutputFile('--assignments', flags.assignments) : undefined;
   const outputs = [report, assignments].filter((o) => o !== undefined);
-  checkDistinctOutputs(outputs, [['--trace', flags.trace]]);
+  checkDistinctOutputs(outputs, [['--trace', flags.trace, traceFiles(flags.trace)]]);
   const { name, requests } = await loadTrace(flags.trace);
   checkKvHoldsBlock(flags, requests[0]?.blockSize);
   // the cluster's KV counts in blocks once the trace's block size is known
