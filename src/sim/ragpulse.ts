@@ -86,6 +86,9 @@ function objectOf(text: string, index: number, source: string): Record<string, u
   return raw as Record<string, unknown>;
 }
 
+/** A RAGPulse timestamp string: seconds in decimal digits, a fraction or an exponent allowed, blanks around. */
+const DECIMAL_SECONDS = /^\s*(\d+\.?\d*|\.\d+)(e[-+]?\d+)?\s*$/i;
+
 const isId = (v: unknown): v is number => typeof v === 'number' && Number.isSafeInteger(v) && v >= 0;
 const isTokens = (v: unknown): v is number =>
   typeof v === 'number' && Number.isInteger(v) && v >= 0 && v <= MAX_TRACE_REQUEST_TOKENS;
@@ -96,6 +99,8 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
   for (const component of CHUNK_COMPONENTS) {
     const [file, key] = RAGPULSE_FILES[component];
     const m = new Map<number, number>();
+    // the line that listed each id, while its file is read: an id listed again names it
+    const lineOf = new Map<number, number>();
     for await (const { text, index, source } of lines(join(dir, file), 'chunk lengths')) {
       const r = objectOf(text, index, source);
       if (!isId(r[key])) throw new TraceFormatError(index, `"${key}" must be a non-negative integer`, source);
@@ -105,7 +110,16 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
           `"token_length" must be a whole number of tokens from 0 to ${MAX_TRACE_REQUEST_TOKENS}`,
           source,
         );
+      // one id listed twice with two lengths: which the trace means cannot be told
+      const known = m.get(r[key]);
+      if (known !== undefined && known !== r.token_length)
+        throw new TraceFormatError(
+          index,
+          `"${key}" ${r[key]} is listed with "token_length" ${r.token_length}, and with ${known} on line ${lineOf.get(r[key])! + 1}`,
+          source,
+        );
       m.set(r[key], r.token_length);
+      lineOf.set(r[key], index);
     }
     lengths.set(component, m);
   }
@@ -116,9 +130,14 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
   for await (const line of lines(path, 'requests')) {
     const r = objectOf(line.text, line.index, line.source);
     const fail = (message: string) => new TraceFormatError(line.index, message, line.source);
-    const timestamp = typeof r.timestamp === 'string' && r.timestamp.trim() !== '' ? Number(r.timestamp) : r.timestamp;
+    // seconds as a string of decimal digits ("82", "1.5", "1e3"): Number() would also read
+    // "0x10" as 16 and "0b1" as 1, numbers the trace does not hold
+    const timestamp =
+      typeof r.timestamp === 'string' && DECIMAL_SECONDS.test(r.timestamp) ? Number(r.timestamp) : r.timestamp;
     if (typeof timestamp !== 'number' || !Number.isFinite(timestamp) || timestamp < 0)
-      throw fail('"timestamp" must be a non-negative number of seconds');
+      throw fail(
+        `"timestamp" must be a non-negative number of seconds, in decimal digits${typeof r.timestamp === 'string' ? `, got ${quotedText(r.timestamp)}` : ''}`,
+      );
     // a request has at least one prompt token (as in a Mooncake trace)
     for (const [key, min] of [
       ['input_length', 1],
@@ -191,6 +210,17 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
     if (anchorTokens > inputLength)
       throw fail(
         `its passages (hash_ids.passages_ids, lengths from ${RAGPULSE_FILES.passages_ids[0]}) add up to ${anchorTokens} tokens, more than "input_length" (${inputLength})`,
+      );
+    // nor may the chunks together: the system prompt and history past the prompt were cut
+    // short without a word, and so were the prefix blocks that can hit
+    const sums = CHUNK_COMPONENTS.map((c) => {
+      const known = chunkLengths(c);
+      return (chunks[c] ?? []).reduce((a, id) => a + known.get(id)!, 0);
+    });
+    const chunkTokens = sums.reduce((a, b) => a + b, 0);
+    if (chunkTokens > inputLength)
+      throw fail(
+        `its chunks (lengths from the side files) add up to ${chunkTokens} tokens (${CHUNK_COMPONENTS.map((c, i) => `${c} ${sums[i]}`).join(', ')}), more than "input_length" (${inputLength})`,
       );
     requests.push(req);
   }

@@ -6,7 +6,7 @@ import { fileURLToPath } from 'node:url';
 import { gzipSync } from 'node:zlib';
 import { after, describe, test } from 'node:test';
 import { computeBounds } from '../../src/sim/bounds.js';
-import { loadRagpulse } from '../../src/sim/ragpulse.js';
+import { loadRagpulse, prefixBlockIds } from '../../src/sim/ragpulse.js';
 import { simulate } from '../../src/sim/simulator.js';
 import { loadMooncakeTrace, MAX_TRACE_LINE_CHARS, type TraceRequest } from '../../src/sim/trace.js';
 
@@ -235,14 +235,86 @@ describe('RAGPulse loader, hostile directories', () => {
     });
   });
 
-  test('a huge chunk length gives no more prefix blocks than the prompt holds', async () => {
-    // the first request's system prompt begins with chunk 8302
+  test('a huge chunk length is refused naming the line, and gives no more prefix blocks than the prompt holds', async () => {
+    // the first request's system prompt begins with chunk 8302: a prompt of 3,112 tokens cannot
+    // hold it (it was read cut to the prompt, without a word)
     const d = copy((d) =>
       editLine(d, '1_sys_prompt.jsonl', 1, () => '{"sys_prompt_id": 8302, "token_length": 16000000}'),
     );
-    const t = await loadRagpulse(d);
-    assert.equal(t.length, 40);
-    for (const r of t) assert.ok(r.hashIds.length <= Math.floor(r.inputLength / r.blockSize), `request ${r.index}`);
+    await assert.rejects(
+      loadRagpulse(d),
+      (e: unknown) =>
+        e instanceof RangeError &&
+        e.message ===
+          `${join(d, '0_trace.jsonl')} line 1: its chunks (lengths from the side files) add up to 16002591 tokens (sys_prompt 16000949, passages_ids 1624, history 11, user_input 7, web_search 0), more than "input_length" (3112)`,
+    );
+    // the prefix blocks are still cut to the prompt before that check
+    const ids = prefixBlockIds(
+      { sys_prompt: [8302], history: [] },
+      { sys_prompt: new Map([[8302, 16_000_000]]), history: new Map() },
+      64,
+      Math.floor(3112 / 64),
+    );
+    assert.equal(ids.length, Math.floor(3112 / 64));
+  });
+
+  test('inconsistent RAGPulse files are refused naming the file and line', async () => {
+    const cases: Array<[string, number, (s: string) => string, string, string]> = [
+      // chunks adding up past the prompt: the system prompt and history alone, or with the rest
+      [
+        '0_trace.jsonl',
+        2,
+        (s) =>
+          s
+            .replace('"input_length": 3167', '"input_length": 1400')
+            .replace(/"passages_ids": \[[^\]]*\]/, '"passages_ids": []'),
+        '0_trace.jsonl',
+        'line 2: its chunks (lengths from the side files) add up to 1485 tokens (sys_prompt 1461, passages_ids 0, history 11, user_input 13, web_search 0), more than "input_length" (1400)',
+      ],
+      [
+        '0_trace.jsonl',
+        2,
+        (s) => s.replace('"input_length": 3167', '"input_length": 3159'),
+        '0_trace.jsonl',
+        'line 2: its chunks (lengths from the side files) add up to 3160 tokens (sys_prompt 1461, passages_ids 1675, history 11, user_input 13, web_search 0), more than "input_length" (3159)',
+      ],
+      // one id listed twice with two lengths (the same length twice is only a repeat)
+      [
+        '3_history.jsonl',
+        3,
+        (s) => `${s}\n{"history_id": 15200, "token_length": 12}`,
+        '3_history.jsonl',
+        'line 4: "history_id" 15200 is listed with "token_length" 12, and with 11 on line 1',
+      ],
+      // a timestamp string Number() reads, but not in decimal digits
+      ...['0x10', '0b1', '0o7', 'Infinity', '1_000'].map(
+        (ts): [string, number, (s: string) => string, string, string] => [
+          '0_trace.jsonl',
+          2,
+          (s) => s.replace('"timestamp": "93"', `"timestamp": "${ts}"`),
+          '0_trace.jsonl',
+          `line 2: "timestamp" must be a non-negative number of seconds, in decimal digits, got '${ts}'`,
+        ],
+      ),
+    ];
+    for (const [file, n, replace, named, message] of cases) {
+      const d = copy((d) => editLine(d, file, n, replace));
+      await assert.rejects(loadRagpulse(d), (e: unknown) => {
+        assert.ok(e instanceof RangeError, String(e));
+        assert.equal(e.message, `${join(d, named)} ${message}`);
+        return true;
+      });
+    }
+    // decimal timestamps as strings or numbers, with blanks around, and a side file repeating an
+    // id with its length, read as before
+    const plain = await loadRagpulse(sample);
+    for (const ts of ['"93"', '" 93 "', '93', '"93.0"', '"9.3e1"']) {
+      const d = copy((d) => {
+        editLine(d, '0_trace.jsonl', 2, (s) => s.replace('"timestamp": "93"', `"timestamp": ${ts}`));
+        editLine(d, '3_history.jsonl', 3, (s) => `${s}\n{"history_id": 15200, "token_length": 11}`);
+      });
+      assert.deepEqual(await loadRagpulse(d), plain, ts);
+    }
   });
 
   test('a request is numbered by its line in the trace file, blank lines included (--assignments "request")', async () => {
