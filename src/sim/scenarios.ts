@@ -63,12 +63,21 @@ export interface WorkerEvent {
 /** Latest time of a failure or a drain (ms of simulated time): the longest replay (MAX_SIMULATED_SPAN_MS). */
 export const MAX_EVENT_MS = MAX_SIMULATED_SPAN_MS;
 
-/** Parses `w3@600s` (also `3@600s`, `w3@1.5m`, `w3@250ms`; a time without unit is in seconds): worker 3 at 600 s. */
+/**
+ * Parses `w3@600s` (also `3@600s`, `w3@1.5m`, `w3@250ms`; a time without unit is in seconds): worker
+ * 3 at 600 s. An index with leading zeros (`w03`) is refused, naming the flag.
+ */
 export function parseWorkerEvent(spec: string, flag: string, workers: number): WorkerEvent {
   const m = /^w?(\d+)@(\d+(?:\.\d+)?)(ms|s|m)?$/.exec(spec.trim());
   if (!m)
     throw new RangeError(
       `${flag}: expected WORKER@TIME such as w3@600s, got ${quotedText(spec)} (TIME in ms, s or m; without a unit, seconds)`,
+    );
+  // a worker is named by its index as the simulator names it (w3): `w03` would be read as w3,
+  // and a name that does not read back as itself is refused rather than guessed at
+  if (m[1].length > 1 && m[1].startsWith('0'))
+    throw new RangeError(
+      `${flag}: ${quotedText(spec.trim().slice(0, spec.trim().indexOf('@')))} is no worker name: ${Number(m[1]) < workers ? `write w${Number(m[1])}` : `the workers are w0..w${workers - 1}`} (w and the index, without leading zeros)`,
     );
   const worker = Number(m[1]);
   if (worker >= workers)

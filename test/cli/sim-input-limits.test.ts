@@ -128,3 +128,35 @@ test('an output that is a file a RAGPulse directory is read from is refused, thr
   assert.equal(ok.status, 0, ok.stderr);
   assert.ok(readFileSync(join(rag, 'assignments.jsonl'), 'utf8').length > 0);
 });
+
+test('--fail and --drain refuse a worker index with leading zeros, naming the flag and the name to write', () => {
+  const simulate = (...args: string[]) =>
+    cli([
+      'simulate',
+      '--trace',
+      'workflows:1',
+      '--workers',
+      '4',
+      '--policies',
+      'round-robin',
+      '--no-progress',
+      ...args,
+    ]);
+  refused(
+    simulate('--fail', 'w01@10s'),
+    "--fail: 'w01' is no worker name: write w1 (w and the index, without leading zeros)",
+  );
+  refused(
+    simulate('--drain', '00@1s'),
+    "--drain: '00' is no worker name: write w0 (w and the index, without leading zeros)",
+  );
+  refused(
+    simulate('--fail', `w0${'9'.repeat(400)}@1s`),
+    `--fail: 'w0${'9'.repeat(78)}…' (402 characters) is no worker name: the workers are w0..w3 (w and the index, without leading zeros)`,
+  );
+  // the names as the simulator gives them, and the bare index, are taken
+  for (const spec of ['w0@1s', 'w3@1s', '2@1s']) {
+    const ok = simulate('--fail', spec, '--format', 'json');
+    assert.equal(ok.status, 0, `${spec}: ${ok.stderr}`);
+  }
+});
