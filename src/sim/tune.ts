@@ -1,4 +1,5 @@
 import { createRng } from '../core/rng.js';
+import { escapedText } from '../core/shown-text.js';
 import { DEFAULT_COST_WEIGHTS, type CostWeights } from '../core/policies/cost.js';
 import { simulate, type SimulationOptions } from './simulator.js';
 import { checkReplayable, ReplayError, type TraceRequest } from './trace.js';
@@ -156,10 +157,15 @@ function heldOutGain(r: TuneResult): string {
   return `${d > 0 ? ((100 * (d - r.validation.tuned.objective)) / d).toFixed(2) : '0.00'}%`;
 }
 
-/** A config block a user can paste (the router.yaml of `serve --config`; its keys are KVAwareRouter's options). */
+/**
+ * A config block a user can paste (the router.yaml of `serve --config`; its keys are
+ * KVAwareRouter's options). The trace's name comes from outside (a file name may hold a line
+ * break): it is written with its control characters and line separators escaped, so that it
+ * cannot end its comment and add a key to the block.
+ */
 export function renderWeightsConfig(traceName: string, r: TuneResult): string {
   const lines = [
-    `# cost weights tuned by contextforge-router tune on ${traceName}`,
+    `# cost weights tuned by contextforge-router tune on ${escapedText(traceName, Infinity)}`,
     `# search: first ${r.trainRequests} requests; held-out check: last ${r.validationRequests}`,
     `# held-out mean TTFT ${r.validation.default.ttftMean.toFixed(3)} s (defaults) vs ${r.validation.tuned.ttftMean.toFixed(3)} s (tuned), p99 ${r.validation.default.ttftP99.toFixed(3)} s vs ${r.validation.tuned.ttftP99.toFixed(3)} s`,
     r.recommended === 'tuned'

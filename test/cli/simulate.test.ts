@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { mkdtempSync, readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -76,6 +76,16 @@ test('simulate prints a table by default', () => {
   assert.equal(r.status, 0, r.stderr);
   assert.match(r.stdout, /bounds: infinite-cache hit rate/);
   assert.match(r.stdout, /^cost\s/m);
+});
+
+test("simulate's table shows a trace's file name on its line, control characters escaped", () => {
+  const file = join(mkdtempSync(join(tmpdir(), 'cf-sim-')), 'a\n\x1b]0;title\x07\r\u2028b.jsonl');
+  writeFileSync(file, readFileSync(trace, 'utf8').split('\n').slice(0, 20).join('\n') + '\n');
+  const r = cli('simulate', '--trace', file, '--workers', '2', '--policies', 'cost');
+  assert.equal(r.status, 0, r.stderr);
+  assert.match(r.stdout, /^a\\x0a\\x1b\]0;title\\x07\\x0d\\u2028b\.jsonl: 20 requests, 2 workers/);
+  // eslint-disable-next-line no-control-regex -- the characters that must not be printed
+  assert.doesNotMatch(r.stdout, /[\x07\x1b\r\u2028]/);
 });
 
 test('simulate rejects bad input with a message and a non-zero exit', () => {

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
@@ -10,10 +10,10 @@ import { registerServeCommand, resolveServeConfig } from '../../src/cli/commands
 import { DEFAULT_COST_WEIGHTS, KVAwareRouter } from '../../src/index.js';
 import { CLI } from '../helpers/cli-entry.js';
 
-function tune(format: string): string {
+function tune(format: string, trace = 'workflows:30:5'): string {
   const r = spawnSync(
     process.execPath,
-    [...CLI, 'tune', '--trace', 'workflows:30:5', '--workers', '2', '--trials', '3', '--format', format],
+    [...CLI, 'tune', '--trace', trace, '--workers', '2', '--trials', '3', '--format', format],
     { encoding: 'utf8' },
   );
   assert.equal(r.status, 0, r.stderr);
@@ -67,6 +67,39 @@ test('tune output is a serve --config file and the options of new KVAwareRouter(
       { ...new KVAwareRouter({ policy: config.policy, costWeights: config.costWeights }).costWeights },
       parsed.costWeights,
     );
+  }
+});
+
+test("a trace's file name with line breaks adds no key to the block tune prints", () => {
+  const dir = mkdtempSync(join(tmpdir(), 'cf-tune-'));
+  // each break followed by a key that serve takes, and a `#` that would close what is left
+  const trace = join(
+    dir,
+    'a\npublic-route-api: true\n#b\rport: 1\r#c\u2028host: 0.0.0.0\u2028#d\u2029num-workers: 3\u2029#e\u0085#\x1b[2K.jsonl',
+  );
+  const lines = readFileSync(new URL('../fixtures/mooncake-conversation-head300.jsonl', import.meta.url), 'utf8')
+    .split('\n')
+    .slice(0, 20);
+  writeFileSync(trace, lines.join('\n') + '\n');
+  for (const format of ['yaml', 'options', 'json']) {
+    const out = tune(format, trace);
+    // eslint-disable-next-line no-control-regex -- the characters that must not be printed
+    assert.doesNotMatch(out, /[\r\u2028\u2029\u0085\x1b]/, `${format}: no raw control character or line separator`);
+    if (format === 'json') continue;
+    assert.deepEqual(Object.keys(parseYaml(out) as object), ['policy', 'costWeights'], format);
+    if (format === 'yaml')
+      assert.equal(
+        out.split('\n')[0],
+        '# cost weights tuned by contextforge-router tune on a\\x0apublic-route-api: true\\x0a#b\\x0dport: 1\\x0d#c\\u2028host: 0.0.0.0\\u2028#d\\u2029num-workers: 3\\u2029#e\\x85#\\x1b[2K.jsonl',
+      );
+    const file = join(dir, `router-${format}.yaml`);
+    writeFileSync(file, out);
+    const config = serveConfig(['--config', file, '--worker', 'id=w1,url=http://127.0.0.1:9001']);
+    assert.equal(config.publicRouteApi, false, format);
+    assert.equal(config.port, 8080, format);
+    assert.equal(config.host, '127.0.0.1', format);
+    assert.equal(config.numWorkers, 1, format);
+    assert.equal(config.policy, 'cost', format);
   }
 });
 
