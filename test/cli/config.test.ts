@@ -87,6 +87,65 @@ test('precedence: flag over environment over file over default, for gateway and 
   assert.deepEqual([resolve(['--config', json]).config.blockSize, resolve(['--config', json]).config.port], [32, 9001]);
 });
 
+test('a switch takes one set of spellings from a flag, the environment and the file: true/false, 1/0', () => {
+  const on = ['true', 'TRUE', 'True', '1'];
+  const off = ['false', 'FALSE', 'False', '0'];
+  const refused = ['yes', 'no', 'on', 'off', 'y', '2', '', ' true'];
+  for (const [spellings, expected] of [
+    [on, true],
+    [off, false],
+  ] as const)
+    for (const t of spellings) {
+      // a flag taking a value, a switch's variable, a file value as written and quoted, under router: too
+      assert.equal(resolve(['--enable-cla-affinity', t]).config.enableClaAffinity, expected, `flag ${t}`);
+      assert.equal(
+        resolve([], { CONTEXTFORGE_PUBLIC_ROUTE_API: t }).config.publicRouteApi,
+        expected,
+        `environment ${t}`,
+      );
+      assert.equal(
+        resolve(['--config', write(`public-route-api: ${t}\n`)]).config.publicRouteApi,
+        expected,
+        `file ${t}`,
+      );
+      assert.equal(
+        resolve(['--config', write(`public-route-api: '${t}'\n`)]).config.publicRouteApi,
+        expected,
+        `file '${t}'`,
+      );
+      assert.equal(
+        resolve(['--config', write(`router:\n  enableClaAffinity: ${t}\n`)]).config.enableClaAffinity,
+        expected,
+        `file router: ${t}`,
+      );
+    }
+  assert.equal(resolve(['--config', write('{"public-route-api": 1}', 'json')]).config.publicRouteApi, true);
+  for (const t of refused) {
+    assert.throws(
+      () => resolve(['--enable-cla-affinity', t]),
+      /--enable-cla-affinity must be true or false/,
+      `flag ${t}`,
+    );
+    if (t !== '')
+      assert.throws(
+        () => resolve([], { CONTEXTFORGE_PUBLIC_ROUTE_API: t }),
+        /CONTEXTFORGE_PUBLIC_ROUTE_API must be true or false/,
+        `environment ${t}`,
+      );
+    assert.throws(
+      () => resolve(['--config', write(`public-route-api: '${t}'\n`)]),
+      /public-route-api must be true or false/,
+      `file '${t}'`,
+    );
+  }
+  for (const t of ['yes', 'off', '2', '-1'])
+    assert.throws(
+      () => resolve(['--config', write(`public-route-api: ${t}\n`)]),
+      /public-route-api must be true or false/,
+      `file ${t}`,
+    );
+});
+
 test('errors name the source and the key, and the value given', () => {
   const bad = (args: string[], env: Record<string, string> = {}) => {
     try {

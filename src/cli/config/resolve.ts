@@ -95,6 +95,18 @@ export function addSettingOptions(cmd: Command, shape: Shape, help: Readonly<Rec
   );
 }
 
+/**
+ * A switch's value as every source gives it, one set of spellings for all: `true` or `1` is on,
+ * `false` or `0` is off (letters in any case), as the text of a flag or a variable, or a value
+ * in the config file (a YAML boolean, the number 1 or 0, or the same text quoted). Anything else
+ * is left as it is, for the schema to refuse it naming the setting.
+ */
+function switchValue(value: unknown): unknown {
+  if (value === true || value === 1 || (typeof value === 'string' && /^(true|1)$/i.test(value))) return true;
+  if (value === false || value === 0 || (typeof value === 'string' && /^(false|0)$/i.test(value))) return false;
+  return value;
+}
+
 /** A flag's or variable's text as the value its schema checks (numbers, switches, YAML mappings and lists). */
 function fromText(key: string, schema: z.ZodType, text: string, where: string): unknown {
   const special = TEXT_FORMS[key];
@@ -109,11 +121,7 @@ function fromText(key: string, schema: z.ZodType, text: string, where: string): 
   }
   const type = unwrapSchema(schema).def.type;
   if (type === 'number') return /^\s*[-+]?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?\s*$/i.test(text) ? Number(text) : text;
-  if (type === 'boolean') {
-    if (/^(true|1|yes|on)$/i.test(text)) return true;
-    if (/^(false|0|no|off)$/i.test(text)) return false;
-    return text;
-  }
+  if (type === 'boolean') return switchValue(text);
   if (type === 'object' || type === 'record' || type === 'array') {
     let parsed: unknown;
     try {
@@ -356,7 +364,7 @@ export function resolveSettings<S extends z.ZodObject>(
       value = flags[key];
       origins[key] = 'flag';
     } else if (source === 'env') {
-      // commander read the variable (a switch's value is its text: true/false, 1/0)
+      // commander read the variable (a switch's value is its text: see switchValue)
       where = envName(flag);
       path = key;
       const given = flags[key];
@@ -368,7 +376,9 @@ export function resolveSettings<S extends z.ZodObject>(
       value =
         typeof fromFile.value === 'string' && TEXT_FORMS[key]
           ? fromText(key, setting, fromFile.value, `${where}: ${path}`)
-          : fromFile.value;
+          : unwrapSchema(setting).def.type === 'boolean'
+            ? switchValue(fromFile.value)
+            : fromFile.value;
       origins[key] = 'file';
     } else {
       const parsed = setting.safeParse(undefined);
