@@ -8,6 +8,7 @@ import { registerMockEngineCommand } from './commands/mock-engine.js';
 import { registerServeCommand } from './commands/serve.js';
 import { registerSimulateCommand } from './commands/simulate.js';
 import { registerTuneCommand } from './commands/tune.js';
+import { escapeUnprintableLines } from '../core/shown-text.js';
 import { excessArgumentHint, shortenCommanderMessage } from './options.js';
 import { reportOutputErrors } from './output.js';
 
@@ -21,7 +22,9 @@ const program = new Command()
   .exitOverride()
   // (before the commands are added: they take the program's output settings as they are then)
   .configureOutput({
-    outputError: (message, write) => write(excessArgumentHint(shortenCommanderMessage(message), process.argv.slice(2))),
+    // a control character that reached a message unescaped is shown escaped, not acted on
+    outputError: (message, write) =>
+      write(escapeUnprintableLines(excessArgumentHint(shortenCommanderMessage(message), process.argv.slice(2)))),
   });
 // a reader that went away, a full disk: one handler for every command's output (and commander's help)
 reportOutputErrors(process.stdout);
@@ -42,7 +45,8 @@ try {
   } else {
     // Argument errors from the core (RangeError/TypeError) are the user's to fix: one line, exit 2.
     const usage = err instanceof RangeError || err instanceof TypeError;
-    process.stderr.write(`error: ${usage ? (err as Error).message : ((err as Error).stack ?? String(err))}\n`);
+    const message = usage ? (err as Error).message : ((err as Error).stack ?? String(err));
+    process.stderr.write(`error: ${escapeUnprintableLines(message)}\n`);
     process.exitCode = usage ? 2 : 1;
   }
 }

@@ -4,14 +4,17 @@
  * config file all report a bad value the same way.
  */
 import type { z } from 'zod';
-import { quotedText } from './shown-text.js';
+import { escapeUnprintable, quotedText } from './shown-text.js';
 
 type RawIssue = z.core.$ZodRawIssue;
 
-/** `a.b[0].c` for a zod path. */
+/** `a.b[0].c` for a zod path; a key from outside (a config file's) shows its control characters escaped. */
 export function formatPath(path: readonly PropertyKey[]): string {
   let out = '';
-  for (const p of path) out += typeof p === 'number' ? `[${p}]` : out === '' ? String(p) : `.${String(p)}`;
+  for (const p of path) {
+    const key = escapeUnprintable(String(p));
+    out += typeof p === 'number' ? `[${p}]` : out === '' ? key : `.${key}`;
+  }
   return out;
 }
 

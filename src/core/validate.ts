@@ -3,6 +3,7 @@
  * route path itself can trust its inputs; every message names the argument.
  */
 import { unknownKeyMessage } from './schema-issues.js';
+import { escapeUnprintable } from './shown-text.js';
 
 /**
  * Whether requireId() takes `value`: a non-empty string. The rule for the ids the router takes
@@ -74,7 +75,7 @@ export function keySet<T>(keys: { readonly [K in keyof Required<T>]: true }): Re
 export function knownKeys(value: object, known: ReadonlySet<string>, name: string): void {
   for (const key in value) {
     if (!known.has(key) && (value as Record<string, unknown>)[key] !== undefined)
-      throw new TypeError(unknownKeyMessage(`${name}.${key.slice(0, 64)}`, key, known));
+      throw new TypeError(unknownKeyMessage(`${name}.${escapeUnprintable(key.slice(0, 64))}`, key, known));
   }
 }
 

@@ -13,6 +13,7 @@ import {
   type ParseOptions,
   type SchemaOptions,
 } from 'yaml';
+import { quotedText } from '../core/shown-text.js';
 
 type Options = ParseOptions & DocumentOptions & SchemaOptions;
 
@@ -101,7 +102,7 @@ export function parseBoundedYaml(text: string, maxValues: number, maxDepth = MAX
           }
           const at = pair.key.range ? lines.linePos(pair.key.range[0]) : undefined;
           throw new RangeError(
-            `Map keys must be unique${at ? ` at line ${at.line}, column ${at.col}` : ''}: '${key.slice(0, 64)}' appears twice`,
+            `Map keys must be unique${at ? ` at line ${at.line}, column ${at.col}` : ''}: ${quotedText(key, 64)} appears twice`,
           );
         }
       },

@@ -6,7 +6,7 @@
  * router's block hashes, so one tenant can neither reuse nor probe another's prompts.
  */
 import { createHash } from 'node:crypto';
-import { fileErrorMessage, shownText } from '../core/shown-text.js';
+import { fileErrorMessage, quotedText, shownText } from '../core/shown-text.js';
 import { readRegularFile } from '../engines/bounded-file.js';
 import { parseBoundedYaml } from '../engines/bounded-yaml.js';
 
@@ -34,7 +34,7 @@ export class ApiKeys {
         throw new RangeError(`an API key is shorter than ${MIN_KEY_LENGTH} characters`);
       if (/\s/.test(key)) throw new RangeError('an API key contains whitespace');
       if (typeof tenant !== 'string' || !TENANT_NAME.test(tenant))
-        throw new RangeError(`tenant '${String(tenant).slice(0, 80)}' must match ${TENANT_NAME.source}`);
+        throw new RangeError(`tenant ${quotedText(String(tenant))} must match ${TENANT_NAME.source}`);
       this.byDigest.set(digest(key), tenant);
       this.tenants.add(tenant);
     }

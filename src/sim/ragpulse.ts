@@ -2,7 +2,7 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { fmix32 } from '../core/hashing.js';
 import { MAX_CONTENT_ANCHORS } from '../core/router/options-schema.js';
-import { quotedText } from '../core/shown-text.js';
+import { escapeUnprintable, quotedText } from '../core/shown-text.js';
 import { heldBlocks, longTraceId, MAX_TRACE_REQUEST_TOKENS, sortByArrival, type TraceRequest } from './trace.js';
 import { MAX_TRACE_REQUESTS, tooManyRecords, traceBlockCounter, TraceFormatError, traceLines } from './trace-lines.js';
 
@@ -64,7 +64,7 @@ export function ragpulseFiles(dir: string): Array<{ file: string; shadows?: stri
  */
 async function* lines(path: string, records: string): AsyncGenerator<{ text: string; index: number; source: string }> {
   const file = traceFile(path);
-  if (!existsSync(file)) throw new RangeError(`RAGPulse: missing ${path}`);
+  if (!existsSync(file)) throw new RangeError(`RAGPulse: missing ${escapeUnprintable(path)}`);
   let count = 0;
   for await (const line of traceLines(file, file)) {
     if (!line.text.trim()) continue;

@@ -1,6 +1,7 @@
 import { createReadStream } from 'node:fs';
 import { pipeline } from 'node:stream';
 import { createGunzip } from 'node:zlib';
+import { escapeUnprintable } from '../core/shown-text.js';
 
 /**
  * Longest line a trace file may hold, in characters: a Mooncake line of a 16M-token prompt in
@@ -29,7 +30,7 @@ export const MAX_TRACE_BLANK_LINES = MAX_TRACE_REQUESTS;
 /** The error for a trace file past MAX_TRACE_REQUESTS `records`: it names the file and the limit. */
 export function tooManyRecords(file: string, records = 'requests'): RangeError {
   return new RangeError(
-    `${file}: more than ${MAX_TRACE_REQUESTS} ${records}, the most a trace may hold (each is held in memory)`,
+    `${escapeUnprintable(file)}: more than ${MAX_TRACE_REQUESTS} ${records}, the most a trace may hold (each is held in memory)`,
   );
 }
 
@@ -44,7 +45,10 @@ export function tooManyRecords(file: string, records = 'requests'): RangeError {
  */
 export const MAX_TRACE_BLOCKS = 64 * 1024 * 1024;
 
-/** A malformed line of a trace file: the message names the file (or `trace`), the 1-based line and the field. */
+/**
+ * A malformed line of a trace file: the message names the file (or `trace`; its control
+ * characters escaped), the 1-based line and the field.
+ */
 export class TraceFormatError extends RangeError {
   constructor(
     /** 0-based line index. */
@@ -52,7 +56,7 @@ export class TraceFormatError extends RangeError {
     message: string,
     source = 'trace',
   ) {
-    super(`${source} line ${line + 1}: ${message}`);
+    super(`${escapeUnprintable(source)} line ${line + 1}: ${message}`);
     this.name = 'TraceFormatError';
   }
 }
@@ -126,7 +130,12 @@ export async function* traceLines(path: string, source = 'trace'): AsyncGenerato
     const gz = path.endsWith('.gz') ? ' (not gzip, or cut short?)' : '';
     // past whole lines: the line the reading stopped in
     const at = index > 0 ? ` at line ${index + 1}` : '';
-    throw new RangeError(`cannot read ${path}${at}${gz}: ${(err as Error).message}`, { cause: err });
+    throw new RangeError(
+      `cannot read ${escapeUnprintable(path)}${at}${gz}: ${escapeUnprintable((err as Error).message)}`,
+      {
+        cause: err,
+      },
+    );
   } finally {
     input.destroy();
   }

@@ -1,15 +1,17 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { cpSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { parseWorkerSpec } from '../../src/cli/commands/serve.js';
 import { shortenCommanderMessage } from '../../src/cli/options.js';
 import { quotedText, shownText } from '../../src/core/shown-text.js';
+import { KVAwareRouter } from '../../src/index.js';
+import { loadTrace } from '../../src/sim/load-trace.js';
 import { ChatTokenizer } from '../../src/engines/chat-tokenizer.js';
 import { MIN_ADMIN_TOKEN_LENGTH, resolveAdminToken } from '../../src/server/admin-auth.js';
-import { loadApiKeysFile } from '../../src/server/api-keys.js';
+import { ApiKeys, loadApiKeysFile } from '../../src/server/api-keys.js';
 import { parseWorkerRecord } from '../../src/server/worker-input.js';
 import { createStateStore } from '../../src/state/create-state-store.js';
 import { parseRedisUrl } from '../../src/state/redis-state-store.js';
@@ -220,4 +222,128 @@ test('an admin token shorter than the gateway takes is refused by the setting, n
   const printed = await cli(['serve', '--admin-token', 'abc123', '--print-config', 'json']);
   assert.equal(printed.status, 2, printed.stderr);
   assert.equal(printed.stderr, `error: --admin-token must have at least ${MIN_ADMIN_TOKEN_LENGTH} characters\n`);
+});
+
+/** ESC (a title set, a line erased), BEL, CR (a forged line), NUL and U+2028, as a downloaded file may hold them. */
+const CONTROLS = '\x1b]0;pwned\x07\x1b[2K\rerror: x\x00y\u2028z';
+const CONTROLS_SHOWN = '\\x1b]0;pwned\\x07\\x1b[2K\\x0derror: x\\x00y\\u2028z';
+// eslint-disable-next-line no-control-regex -- what no message may hold raw
+const RAW = /[\x00\x07\x1b\r\u2028]/;
+
+/** The message of what `fn` rejects with. */
+async function rejectionOf(fn: () => Promise<unknown>): Promise<string> {
+  try {
+    await fn();
+  } catch (err) {
+    return (err as Error).message;
+  }
+  throw new Error('nothing was thrown');
+}
+
+test('control characters in a value a message repeats are shown escaped, on its line', async () => {
+  assert.equal(quotedText(CONTROLS), `'${CONTROLS_SHOWN}'`);
+  assert.equal(shownText(`a\n${CONTROLS}`), `a\\x0a${CONTROLS_SHOWN}`);
+  // the cut still counts the value's own characters (80), not those of its escapes
+  assert.equal(quotedText('\x1b'.repeat(100)), `'${'\\x1b'.repeat(80)}…' (100 characters)`);
+  assert.equal(shownText(`http://u:secret@h/${CONTROLS}`), `http://***@h/${CONTROLS_SHOWN}`);
+  const messages: [string, string, string][] = [
+    // a config key, at the top, under router:, in a mapping and in a worker record
+    [
+      messageOf(() => resolveServe(['--config', write(`${JSON.stringify(CONTROLS)}: 1\n`)])),
+      'config key',
+      `unknown key '${CONTROLS_SHOWN}'`,
+    ],
+    [
+      messageOf(() => resolveServe(['--config', write(`router:\n  ${JSON.stringify(CONTROLS)}: 1\n`)])),
+      'router key',
+      `router.${CONTROLS_SHOWN} is not a router option`,
+    ],
+    [
+      messageOf(() => resolveServe(['--config', write(`costWeights:\n  ${JSON.stringify(CONTROLS)}: 1\n`)])),
+      'cost weight',
+      `costWeights.${CONTROLS_SHOWN} is not a cost weight`,
+    ],
+    [
+      messageOf(() =>
+        resolveServe([
+          '--config',
+          write(`workers:\n  - id: w1\n    url: http://h:1\n    ${JSON.stringify(CONTROLS)}: 1\n`),
+        ]),
+      ),
+      'worker record key',
+      `workers[0]: ${CONTROLS_SHOWN} is not a known key`,
+    ],
+    [
+      messageOf(() =>
+        resolveServe(['--config', write(`${JSON.stringify(CONTROLS)}: 1\n${JSON.stringify(CONTROLS)}: 2\n`)]),
+      ),
+      'repeated key',
+      `'${CONTROLS_SHOWN}' appears twice`,
+    ],
+    // a config value (from a flag and the environment: below, as the CLI prints them)
+    [
+      messageOf(() => resolveServe(['--config', write(`policy: ${JSON.stringify(CONTROLS)}\n`)])),
+      'config value',
+      `(got '${CONTROLS_SHOWN}')`,
+    ],
+    // a worker spec: its key, a field's value, and the spec as the message names it
+    [
+      messageOf(() => parseWorkerSpec(`id=w1,url=http://h:1,${CONTROLS}=1`)),
+      'worker spec key',
+      `unknown key '${CONTROLS_SHOWN}'`,
+    ],
+    [
+      messageOf(() => parseWorkerSpec(`id=w1,url=http://h:1,dp-size=${CONTROLS}`)),
+      'worker spec value',
+      `dpSize must be an integer (got '${CONTROLS_SHOWN}')`,
+    ],
+    [messageOf(() => parseWorkerSpec(CONTROLS)), 'worker spec', `'${CONTROLS_SHOWN}' is not key=value`],
+  ];
+  // a trace field: a RAGPulse hash_ids key, and a file name a malformed line's message names
+  const rag = mkdtempSync(join(tmpdir(), 'cf-echo-'));
+  cpSync(new URL('../fixtures/ragpulse-sample', import.meta.url), rag, { recursive: true });
+  const [first, ...rest] = readFileSync(join(rag, '0_trace.jsonl'), 'utf8').split('\n');
+  const line = JSON.parse(first) as { hash_ids: Record<string, number[]> };
+  line.hash_ids[CONTROLS] = [1];
+  writeFileSync(join(rag, '0_trace.jsonl'), [JSON.stringify(line), ...rest].join('\n'));
+  messages.push([await rejectionOf(() => loadTrace(rag)), 'trace field', `"hash_ids" has the key '${CONTROLS_SHOWN}'`]);
+  const named = join(mkdtempSync(join(tmpdir(), 'cf-echo-')), `t${CONTROLS.replace('\x00', '')}.jsonl`);
+  writeFileSync(named, '{"timestamp": 0}\n');
+  messages.push([
+    await rejectionOf(() => loadTrace(named)),
+    'trace file name',
+    `t${CONTROLS_SHOWN.replace('\\x00', '')}.jsonl line 1: missing`,
+  ]);
+  for (const [message, what, shown] of messages) {
+    assert.doesNotMatch(message, RAW, `${what}: ${JSON.stringify(message)}`);
+    assert.ok(message.includes(shown), `${what}: ${JSON.stringify(message)}`);
+  }
+  // what the CLI prints: one line, nothing a terminal acts on (an argument or a variable holds no NUL)
+  const text = CONTROLS.replace('\x00', '');
+  for (const { status, stderr } of await Promise.all([
+    cli(['serve', '--config', write(`${JSON.stringify(CONTROLS)}: 1\n`)]),
+    cli(['serve', '--port', text]),
+    cli(['serve'], { CONTEXTFORGE_POLICY: text }),
+    cli(['serve', '--worker', `id=w1,url=http://h:1,${text}=1`]),
+    cli(['simulate', '--trace', rag]),
+  ])) {
+    assert.equal(status, 2, stderr);
+    assert.doesNotMatch(stderr, RAW, JSON.stringify(stderr));
+    assert.equal(stderr.split('\n').length, 2, JSON.stringify(stderr));
+    assert.ok(stderr.includes(CONTROLS_SHOWN.split('\\x00')[0]), JSON.stringify(stderr));
+  }
+});
+
+test("the library's messages show an unknown option key and a tenant name escaped", () => {
+  for (const [message, shown] of [
+    [messageOf(() => new KVAwareRouter({ [CONTROLS]: 1 } as never)), `${CONTROLS_SHOWN} is not a known key`],
+    [
+      messageOf(() => new KVAwareRouter().route({ tokens: [1], [CONTROLS]: 1 } as never)),
+      `request.${CONTROLS_SHOWN} is not a known key`,
+    ],
+    [messageOf(() => new ApiKeys({ 'sk-cccccccccccccccc': CONTROLS })), `tenant '${CONTROLS_SHOWN}' must match`],
+  ]) {
+    assert.doesNotMatch(message, RAW, JSON.stringify(message));
+    assert.ok(message.includes(shown), JSON.stringify(message));
+  }
 });
