@@ -2,9 +2,10 @@ import { LRUCache } from 'lru-cache';
 
 /**
  * Most block ids (broadcastNewBlocks()) the anchor table keeps over all its anchors when it
- * counts them: about 50 bytes an id, so some 50 MB at the bound (and more for long ids). Ids past
- * it are not kept, nor counted in activeBlocks, until anchors holding some are evicted, moved to
- * another worker or dropped with theirs.
+ * counts them: about 50 bytes an id, so some 50 MB at the bound (and more for long ids, each at
+ * most the router's maxIdBytes, 1 KiB by default). Ids past it are not kept, nor counted in
+ * activeBlocks, until anchors holding some are evicted, moved to another worker or dropped with
+ * theirs.
  */
 export const MAX_ANCHOR_BLOCK_IDS = 1_000_000;
 

@@ -190,13 +190,15 @@ export function boundedId(value: unknown, name: string, maxBytes: number): strin
   return id;
 }
 
-export function idList(value: unknown, name: string): string[] {
+/**
+ * A list of ids a client chose (broadcastNewBlocks()' block ids): an array whose every element
+ * is an id as boundedId() takes it, a non-empty string of at most `maxBytes` UTF-8 bytes, each
+ * named by its index. Every element is checked before the list is used, so a refused list
+ * records none of it.
+ */
+export function boundedIdList(value: unknown, name: string, maxBytes: number): string[] {
   if (!Array.isArray(value)) throw new TypeError(`${name} must be an array of strings, got ${typeName(value)}`);
-  for (let i = 0; i < value.length; i++) {
-    if (typeof value[i] !== 'string') {
-      throw new TypeError(`${name}[${i}] must be a string, got ${typeName(value[i])}`);
-    }
-  }
+  for (let i = 0; i < value.length; i++) boundedId(value[i], `${name}[${i}]`, maxBytes);
   return value as string[];
 }
 

@@ -865,7 +865,7 @@ export class KVAwareRouter {
   async broadcastNewBlocks(anchorHash: string, blockIds: string[], targetWorkerId: string): Promise<void> {
     this.refuseWhileDeciding('broadcastNewBlocks()');
     check.boundedId(anchorHash, 'anchorHash', this.maxIdBytes);
-    check.idList(blockIds, 'blockIds');
+    check.boundedIdList(blockIds, 'blockIds', this.maxIdBytes);
     check.workerId(targetWorkerId, 'targetWorkerId');
     this.anchors.recordBlocks(anchorHash, blockIds, targetWorkerId);
   }

@@ -98,9 +98,9 @@ export interface KVAwareRouterOptions {
    * Longest id a request names, in UTF-8 bytes (default 1024, what the gateway hands the
    * router at its default --max-id-bytes, 256: a LoRA name may be 4 × as long; at most 2^30): a
    * workflow id, an agent role, an anchor (selectWorker's too), a content anchor's id, a cache
-   * salt, a LoRA name. A longer one is refused with a RangeError naming the field: the router
-   * keeps such ids in its tables (a workflow's, an anchor's, up to their capacity), so an
-   * unbounded one would let each request keep megabytes. Worker ids have their own bound
+   * salt, a LoRA name, a block id broadcastNewBlocks() records. A longer one is refused with a
+   * RangeError naming the field: the router keeps such ids in its tables (a workflow's, an
+   * anchor's, up to their capacity), so an unbounded one would let each request keep megabytes. Worker ids have their own bound
    * (MAX_WORKER_ID_LENGTH).
    */
   maxIdBytes?: number;
