@@ -24,13 +24,33 @@ export const MAX_WORKERS = 4096;
  */
 export const MAX_ENGINE_REQUESTS = 1_000_000_000;
 
+/**
+ * Most CLA groups a worker serves (registerWorker()'s `info.claGroups`, and the groups
+ * updateWorkerState() adds): each is kept in the worker's set and scanned when a request names
+ * a group. The gateway's worker records (`cla=` of a --worker spec, the config file, the admin
+ * API) take as many (WORKER_RECORD_SCHEMA in src/server/worker-input.ts).
+ */
+export const MAX_WORKER_CLA_GROUPS = 1024;
+
+/** Most models a worker is registered as serving (`info.models`), as the gateway's worker records take. */
+export const MAX_WORKER_MODELS = 1024;
+
+/** Longest model name in `info.models`, in UTF-16 code units, as the gateway's worker records take. */
+export const MAX_MODEL_NAME_LENGTH = 512;
+
+/** Longest `info.url`, in UTF-16 code units: the gateway's bound on a worker's URL. */
+export const MAX_WORKER_URL_LENGTH = 2048;
+
 /** What a caller may say about a worker when registering it. */
 export interface WorkerInfo {
-  /** CLA groups (KV-compatibility classes) the worker serves from the start. */
+  /** CLA groups (KV-compatibility classes) the worker serves from the start (at most MAX_WORKER_CLA_GROUPS). */
   claGroups?: readonly number[];
-  /** Base URL of the engine's OpenAI API; used by the gateway, ignored by the core. */
+  /**
+   * Base URL of the engine's OpenAI API, at most MAX_WORKER_URL_LENGTH characters; used by the
+   * gateway (which checks its form), ignored by the core.
+   */
   url?: string;
-  /** Models the engine serves. */
+  /** Models the engine serves: at most MAX_WORKER_MODELS names of at most MAX_MODEL_NAME_LENGTH characters. */
   models?: readonly string[];
   /** Tokens per KV block on this engine (default: the router's block size). */
   blockSize?: number;
@@ -164,16 +184,33 @@ function checkInfo(info: unknown): WorkerInfo {
   // it reads as, and a later change to the caller's list does not show in the worker's info
   if (claGroups !== undefined) {
     if (!Array.isArray(claGroups)) throw new TypeError('info.claGroups must be an array of integers');
+    // the elements up to the bound, then the length: a list of millions is refused without
+    // reading past the bound (it was read and copied until the engine's own bound on a Set,
+    // about 16.7 million, threw, naming nothing)
     const groups: number[] = [];
-    for (let i = 0; i < claGroups.length; i++)
+    for (let i = 0; i < Math.min(claGroups.length, MAX_WORKER_CLA_GROUPS); i++)
       groups.push(requiredNonNegativeInt(claGroups[i], `info.claGroups[${i}]`));
+    if (claGroups.length > MAX_WORKER_CLA_GROUPS)
+      throw new RangeError(
+        `info.claGroups must list at most ${MAX_WORKER_CLA_GROUPS} CLA groups, got ${claGroups.length}`,
+      );
     checked.claGroups = groups;
   }
-  if (url !== undefined) requireId(url, 'info.url');
+  if (url !== undefined && requireId(url, 'info.url').length > MAX_WORKER_URL_LENGTH)
+    throw new RangeError(`info.url must be at most ${MAX_WORKER_URL_LENGTH} characters, got ${url.length}`);
   if (models !== undefined) {
     if (!Array.isArray(models)) throw new TypeError('info.models must be an array of strings');
     const names: string[] = [];
-    for (let i = 0; i < models.length; i++) names.push(requireId(models[i], `info.models[${i}]`));
+    for (let i = 0; i < Math.min(models.length, MAX_WORKER_MODELS); i++) {
+      const name = requireId(models[i], `info.models[${i}]`);
+      if (name.length > MAX_MODEL_NAME_LENGTH)
+        throw new RangeError(
+          `info.models[${i}] must be at most ${MAX_MODEL_NAME_LENGTH} characters, got ${name.length}`,
+        );
+      names.push(name);
+    }
+    if (models.length > MAX_WORKER_MODELS)
+      throw new RangeError(`info.models must list at most ${MAX_WORKER_MODELS} models, got ${models.length}`);
     checked.models = names;
   }
   return checked;

@@ -8,6 +8,12 @@ import { z } from 'zod';
 import { describeIssue, firstIssue, issueError } from '../core/schema-issues.js';
 import { redactUserinfo } from '../core/shown-text.js';
 import { MAX_BLOCK_SIZE } from '../core/validate.js';
+import {
+  MAX_MODEL_NAME_LENGTH,
+  MAX_WORKER_CLA_GROUPS,
+  MAX_WORKER_MODELS,
+  MAX_WORKER_URL_LENGTH,
+} from '../core/worker-registry.js';
 export { splitCredentials } from '../engines/url-credentials.js';
 import type { WorkerRecord } from '../state/state-store.js';
 
@@ -22,7 +28,8 @@ export const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,127}$/;
 const ROUTER_VARS = /^CONTEXTFORGE_/i;
 /** An entry of --engine-key-envs: a variable's name, a prefix ending in `*`, or `*` alone (any). */
 export const KEY_ENV_PATTERN = /^(?:[A-Za-z_][A-Za-z0-9_]{0,127}\*?|\*)$/;
-const MAX_URL_LENGTH = 2048;
+/** A URL's longest (a worker's, its metrics', its events'): the router's own bound on a worker's URL. */
+const MAX_URL_LENGTH = MAX_WORKER_URL_LENGTH;
 
 export function checkWorkerId(id: unknown, where = 'worker id'): string {
   if (typeof id !== 'string' || !WORKER_ID.test(id))
@@ -261,8 +268,8 @@ export const WORKER_RECORD_SCHEMA = z
   .strictObject({
     id: refined(checkWorkerId),
     url: refined(checkWorkerUrl),
-    claGroups: z.array(z.int().min(0)).max(1024).optional(),
-    models: z.array(z.string().min(1).max(512)).max(1024).optional(),
+    claGroups: z.array(z.int().min(0)).max(MAX_WORKER_CLA_GROUPS).optional(),
+    models: z.array(z.string().min(1).max(MAX_MODEL_NAME_LENGTH)).max(MAX_WORKER_MODELS).optional(),
     events: refined(checkZmqEndpoint).optional(),
     replay: refined(checkZmqEndpoint).optional(),
     metrics: refined(checkHttpUrl).optional(),

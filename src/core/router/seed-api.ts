@@ -4,7 +4,7 @@
  * registering an unknown worker as the seed does. Checks name the seed's arguments.
  */
 import * as check from '../validate.js';
-import type { WorkerRegistry } from '../worker-registry.js';
+import { MAX_WORKER_CLA_GROUPS, type WorkerRegistry } from '../worker-registry.js';
 import { PromptTooLongError } from './prompt-too-long.js';
 import type { RouteRequest, SelectWorkerOptions, UpdateWorkerStateOptions } from './types.js';
 
@@ -41,7 +41,11 @@ export function seedRouteRequest(
   };
 }
 
-/** updateWorkerState(workerId, load, opts) on the router's workers. */
+/**
+ * updateWorkerState(workerId, load, opts) on the router's workers. A CLA group a worker does
+ * not serve yet is added to its groups, up to MAX_WORKER_CLA_GROUPS: past that the call is
+ * refused, naming claGroup, and nothing changes.
+ */
 export function applySeedWorkerState(
   workers: WorkerRegistry,
   workerId: string,
@@ -55,6 +59,10 @@ export function applySeedWorkerState(
   const claGroup = check.optionalNonNegativeInt(opts.claGroup, 'claGroup');
   const workflowStep = check.optionalNonNegativeInt(opts.workflowStep, 'workflowStep');
   const state = workers.register(workerId);
+  if (claGroup !== null && state.claGroups.size >= MAX_WORKER_CLA_GROUPS && !state.claGroups.has(claGroup))
+    throw new RangeError(
+      `claGroup ${claGroup} not added: worker '${workerId}' serves ${MAX_WORKER_CLA_GROUPS} CLA groups already, the most a worker may`,
+    );
   state.load = clamped;
   if (claGroup !== null) state.claGroups.add(claGroup);
   if (workflowStep !== null) state.lastUsedStep = workflowStep;
