@@ -4,14 +4,23 @@
  * nothing.
  */
 import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { describe, test } from 'node:test';
+import {
+  MAX_PREDICTION_TTL_MS,
+  MAX_PROMPT_TOKENS,
+  MAX_SPECULATIVE_BLOCKS,
+} from '../../src/core/router/options-schema.js';
 import {
   MAX_MODEL_NAME_LENGTH,
   MAX_WORKER_CLA_GROUPS,
   MAX_WORKER_MODELS,
   MAX_WORKER_URL_LENGTH,
 } from '../../src/core/worker-registry.js';
-import { KVAwareRouter, type WorkerInfo } from '../../src/index.js';
+import { KVAwareRouter, type KVAwareRouterOptions, type WorkerInfo } from '../../src/index.js';
+import { resolveServe } from '../helpers/serve-config.js';
 
 /** What a refused call must leave as it was. */
 function snapshot(router: KVAwareRouter): string {
@@ -131,5 +140,68 @@ describe("registerWorker()'s info", () => {
     await router.updateWorkerState('w0', 0.25, { claGroup: 7 }); // a group it serves
     await refuses(router, () => router.updateWorkerState('w0', 0.5, { claGroup: 5000 }), RangeError, /^claGroup 5000/);
     assert.equal(router.getStats().workerLoads.w0.load, 0.25);
+  });
+});
+
+describe("the router's options", () => {
+  const refusedOptions: Array<[KVAwareRouterOptions, typeof TypeError, RegExp]> = [
+    [{ costWeights: { kvCapacityTokens: 0.5 } }, RangeError, /^costWeights\.kvCapacityTokens must be a whole number/],
+    [
+      { costWeights: { kvCapacityTokens: 1e9 + 1 } },
+      RangeError,
+      /^costWeights\.kvCapacityTokens must be <= 1000000000/,
+    ],
+    [{ contentAnchorTtlMs: 1e300 }, RangeError, /^contentAnchorTtlMs must be <= 2147483647/],
+    [{ contentAnchorTtlMs: MAX_PREDICTION_TTL_MS + 1 }, RangeError, /^contentAnchorTtlMs must be <= 2147483647/],
+    [{ contentAnchorTtlMs: 1.5 }, TypeError, /^contentAnchorTtlMs must be an integer/],
+    [{ speculativeBlocks: 1e9 }, RangeError, /^speculativeBlocks must be <= 134217728/],
+    [{ speculativeBlocks: MAX_SPECULATIVE_BLOCKS + 1 }, RangeError, /^speculativeBlocks must be <= 134217728/],
+  ];
+
+  test('bound a TTL as predictionTtlMs, speculativeBlocks by the most blocks a prompt has, kvCapacityTokens to whole tokens', () => {
+    assert.equal(MAX_SPECULATIVE_BLOCKS, MAX_PROMPT_TOKENS);
+    for (const [options, error, message] of refusedOptions)
+      assert.throws(
+        () => new KVAwareRouter(options),
+        (err: unknown) => err instanceof error && message.test(err.message),
+        JSON.stringify(options),
+      );
+    // the bounds themselves are taken
+    new KVAwareRouter({
+      costWeights: { kvCapacityTokens: 1e9 },
+      contentAnchorTtlMs: MAX_PREDICTION_TTL_MS,
+      predictionTtlMs: MAX_PREDICTION_TTL_MS,
+      speculativeBlocks: MAX_SPECULATIVE_BLOCKS,
+    });
+    new KVAwareRouter({ contentAnchorTtlMs: 0, speculativeBlocks: 0 });
+  });
+
+  test('are bounded the same way by serve: its flags, variables and config file read the one schema', () => {
+    for (const [args, message] of [
+      [['--content-anchor-ttl-ms', '1e300'], /--content-anchor-ttl-ms must be <= 2147483647/],
+      [['--speculative-blocks', '1000000000'], /--speculative-blocks must be <= 134217728/],
+      [['--cost-weights', '{kvCapacityTokens: 0.5}'], /costWeights\.kvCapacityTokens must be a whole number/],
+    ] as const)
+      assert.throws(() => resolveServe([...args]), message, args.join(' '));
+    assert.throws(
+      () => resolveServe([], { CONTEXTFORGE_CONTENT_ANCHOR_TTL_MS: '2147483648' }),
+      /--content-anchor-ttl-ms must be <= 2147483647/,
+    );
+    const dir = mkdtempSync(join(tmpdir(), 'cfr-lib-limits-'));
+    try {
+      const file = join(dir, 'router.yaml');
+      writeFileSync(file, 'router:\n  speculativeBlocks: 1000000000\n');
+      assert.throws(() => resolveServe(['--config', file]), /router\.speculativeBlocks must be <= 134217728/);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+    const { config } = resolveServe([
+      '--content-anchor-ttl-ms',
+      String(MAX_PREDICTION_TTL_MS),
+      '--speculative-blocks',
+      String(MAX_SPECULATIVE_BLOCKS),
+    ]);
+    assert.equal(config.contentAnchorTtlMs, MAX_PREDICTION_TTL_MS);
+    assert.equal(config.speculativeBlocks, MAX_SPECULATIVE_BLOCKS);
   });
 });

@@ -118,7 +118,7 @@ export interface CostWeights {
   cla: number;
   /** Reward for the worker that ran the workflow's previous step, in units of the request's prompt (seed API only). */
   workflow: number;
-  /** KV capacity of a worker in tokens when its metrics do not say (0: unknown). */
+  /** KV capacity of a worker in tokens (a whole number) when its metrics do not say (0: unknown). */
   kvCapacityTokens: number;
   /**
    * Share of its lowest estimated TTFT a new session may give up to spare the sessions of the

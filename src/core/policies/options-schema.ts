@@ -62,7 +62,10 @@ const COST_WEIGHT_RANGES: Record<keyof CostWeights, z.ZodNumber> = {
   pressureCeiling: nonNegative().max(1, bound('<= 1')),
   cla: multiplier(),
   workflow: multiplier(),
-  kvCapacityTokens: nonNegative().max(MAX_TOKEN_WEIGHT, bound(`<= ${MAX_TOKEN_WEIGHT}`)),
+  // a count of tokens, as a worker's reported capacity is (updateWorkerMetrics() takes an integer)
+  kvCapacityTokens: nonNegative()
+    .max(MAX_TOKEN_WEIGHT, bound(`<= ${MAX_TOKEN_WEIGHT}`))
+    .refine(Number.isInteger, bound('a whole number of tokens')),
   newSessionSlack: multiplier(),
   lateGraceTokens: nonNegative().max(MAX_TOKEN_WEIGHT, bound(`<= ${MAX_TOKEN_WEIGHT}`)),
 };

@@ -6,7 +6,7 @@
  */
 import { z } from 'zod';
 import { POLICY_NAMES } from '../policies/index.js';
-import { COST_WEIGHTS_SCHEMA, nonNegative, POLICY_OPTIONS_SCHEMA } from '../policies/options-schema.js';
+import { COST_WEIGHTS_SCHEMA, POLICY_OPTIONS_SCHEMA } from '../policies/options-schema.js';
 import type { RoutingPolicy } from '../policies/types.js';
 import { MAX_SEED } from '../rng.js';
 import { gotPhrase } from '../schema-issues.js';
@@ -60,6 +60,14 @@ export const MAX_INDEX_ENTRIES = 100_000_000;
  * for it, finite, and keeps token counts far below 2^53 when summed over many requests.
  */
 export const MAX_PROMPT_TOKENS = 2 ** 27;
+
+/**
+ * Most blocks `speculativeBlocks` may be set to: the most blocks any prompt has (the longest a
+ * router takes, MAX_PROMPT_TOKENS, at one token a block). The stretch is cut at the prompt's
+ * blocks, so a larger value would record nothing more; bounded, the stretch's end (what the
+ * worker holds plus it) stays a small integer the route path's buffers are sized for.
+ */
+export const MAX_SPECULATIVE_BLOCKS = MAX_PROMPT_TOKENS;
 
 /**
  * Most content anchors a request may name by default (the router's `maxContentAnchors`): the
@@ -121,11 +129,12 @@ export const ROUTER_SETTINGS_SCHEMA = z.strictObject({
   maxIndexEntries: positiveInt().max(MAX_INDEX_ENTRIES).default(ROUTER_DEFAULTS.maxIndexEntries),
   maxPromptTokens: positiveInt().max(MAX_PROMPT_TOKENS).default(ROUTER_DEFAULTS.maxPromptTokens),
   contentAnchorScoring: z.boolean().default(true),
-  speculativeBlocks: nonNegativeInt().default(ROUTER_DEFAULTS.speculativeBlocks),
+  speculativeBlocks: nonNegativeInt().max(MAX_SPECULATIVE_BLOCKS).default(ROUTER_DEFAULTS.speculativeBlocks),
   offloadCredit: fraction().default(ROUTER_DEFAULTS.offloadCredit),
   predictedCredit: fraction().default(ROUTER_DEFAULTS.predictedCredit),
   contentAnchorCapacity: tableCapacity().default(ROUTER_DEFAULTS.contentAnchorCapacity),
-  contentAnchorTtlMs: nonNegative().default(ROUTER_DEFAULTS.contentAnchorTtlMs),
+  // whole ms, at most what predictionTtlMs may be (a timer's longest delay)
+  contentAnchorTtlMs: nonNegativeInt().max(MAX_PREDICTION_TTL_MS).default(ROUTER_DEFAULTS.contentAnchorTtlMs),
   judgeRoles: z.array(z.string().min(1)).max(MAX_JUDGE_ROLES).default([]),
   instanceId: z.string().min(1).max(256).optional(),
 });
@@ -168,16 +177,15 @@ export const ROUTER_SETTINGS_HELP: Readonly<Record<keyof RouterSettings, string>
   pythonHashSeed: 'the PYTHONHASHSEED the vLLM engines run with (blockHash vllm)',
   prefixCachingHashAlgo: `the vLLM engines' --prefix-caching-hash-algo (${VLLM_HASH_ALGOS.join(', ')}; blockHash vllm). vLLM's own default is sha256: pass the engines' value`,
   indexMode: "approximate (the router's own decisions, expired by TTL) or precise (the engines' KV events)",
-  predictionTtlMs:
-    "lifetime in ms of the router's own block records and of the shared ones (--state redis, --processes) (default 120000 approximate, 5000 precise)",
+  predictionTtlMs: `lifetime in ms of the router's own block records and of the shared ones (--state redis, --processes), from 1 to ${MAX_PREDICTION_TTL_MS} (default 120000 approximate, 5000 precise)`,
   maxIndexEntries: 'most (block, worker) entries in the block index',
   maxPromptTokens: `longest prompt routed, in tokens, at most ${MAX_PROMPT_TOKENS} (a longer one is refused before anything is recorded for it)`,
   contentAnchorScoring: 'score content anchors a worker holds as cached tokens (false: the prefix only)',
-  speculativeBlocks: 'precise mode: blocks recorded past what the chosen worker already holds',
+  speculativeBlocks: `precise mode: blocks recorded past what the chosen worker already holds, at most ${MAX_SPECULATIVE_BLOCKS}`,
   offloadCredit: 'credit of an offloaded (CPU/disk) block relative to a GPU block, from 0 to 1',
   predictedCredit: "credit of a block known only from the router's own prediction, from 0 to 1",
   contentAnchorCapacity: 'most content anchors remembered, each (anchor, namespace) once',
-  contentAnchorTtlMs: 'how long a content anchor stays recorded on a worker',
+  contentAnchorTtlMs: `how long a content anchor stays recorded on a worker, in whole ms, at most ${MAX_PREDICTION_TTL_MS}`,
   judgeRoles: "agent roles that never reuse other requests' KV (judges)",
   instanceId: "distinguishes this router's isolation salts from other replicas' (default random)",
 });

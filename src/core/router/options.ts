@@ -51,12 +51,16 @@ export interface KVAwareRouterOptions {
   prefixCachingHashAlgo?: VllmHashAlgo;
   /** Default 'approximate'; 'precise' when engines' KV events feed the index. */
   indexMode?: IndexMode;
-  /** Lifetime of the router's own block records: 120 s approximate, 5 s speculative (precise). */
+  /**
+   * Lifetime of the router's own block records: 120 s approximate, 5 s speculative (precise);
+   * whole ms from 1 to MAX_PREDICTION_TTL_MS (2^31 - 1).
+   */
   predictionTtlMs?: number;
   /**
    * Precise mode: speculative entries cover this many blocks past what the chosen worker
-   * already holds (default 16). Enough to pull a burst of siblings to the same worker; the
-   * engine's BlockStored events bring the rest moments later, so unique tails cost nothing.
+   * already holds (default 16; at most MAX_SPECULATIVE_BLOCKS, 2^27, the most blocks a prompt
+   * has). Enough to pull a burst of siblings to the same worker; the engine's BlockStored events
+   * bring the rest moments later, so unique tails cost nothing.
    */
   speculativeBlocks?: number;
   /** Most (block, worker) entries in the block index (default 4,000,000). */
@@ -77,7 +81,7 @@ export interface KVAwareRouterOptions {
   contentAnchorScoring?: boolean;
   /** Most content anchors remembered (default 100,000, at most 10,000,000). */
   contentAnchorCapacity?: number;
-  /** How long a content anchor stays recorded on a worker (default 600 s). */
+  /** How long a content anchor stays recorded on a worker (default 600 s): whole ms, at most MAX_PREDICTION_TTL_MS (2^31 - 1). */
   contentAnchorTtlMs?: number;
   /** Agent roles that never reuse other requests' KV (judges); default none. */
   judgeRoles?: readonly string[];
