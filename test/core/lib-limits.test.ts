@@ -19,7 +19,7 @@ import {
   MAX_WORKER_MODELS,
   MAX_WORKER_URL_LENGTH,
 } from '../../src/core/worker-registry.js';
-import { KVAwareRouter, type KVAwareRouterOptions, type WorkerInfo } from '../../src/index.js';
+import { KVAwareRouter, type KVAwareRouterOptions, type RouteRequest, type WorkerInfo } from '../../src/index.js';
 import { resolveServe } from '../helpers/serve-config.js';
 
 /** What a refused call must leave as it was. */
@@ -203,5 +203,44 @@ describe("the router's options", () => {
     ]);
     assert.equal(config.contentAnchorTtlMs, MAX_PREDICTION_TTL_MS);
     assert.equal(config.speculativeBlocks, MAX_SPECULATIVE_BLOCKS);
+  });
+});
+
+describe("route()'s prompt", () => {
+  test('is named one way: two ways given are refused with a TypeError naming both, and nothing is recorded', async () => {
+    const router = new KVAwareRouter({ policy: 'cost' });
+    router.registerWorker('w0');
+    router.registerWorker('w1');
+    const tokens = Array.from({ length: 64 }, (_, i) => i);
+    const ways: Record<string, Partial<RouteRequest>> = {
+      tokens: { tokens },
+      blockHashes: { blockHashes: [1, 2, 3] },
+      messages: { messages: [{ role: 'user', content: 'hello there' }] },
+      text: { text: 'hello there, a prompt' },
+    };
+    const names = Object.keys(ways);
+    for (let i = 0; i < names.length; i++)
+      for (let j = i + 1; j < names.length; j++) {
+        const request = { ...ways[names[i]], ...ways[names[j]], workflowId: 'wf' };
+        await refuses(
+          router,
+          () => router.route(request),
+          TypeError,
+          new RegExp(`^${names[i]} and ${names[j]} both given: a request names its prompt one way`),
+        );
+      }
+    // the same refused with the dry run, and as explained
+    await refuses(
+      router,
+      () => router.route({ text: 'x', tokens }, { dryRun: true, explain: true }),
+      TypeError,
+      /^tokens and text both given/,
+    );
+    // one way, or none (the seed API routes without a prompt), is routed as before; a way given
+    // as undefined is not given
+    for (const request of [...Object.values(ways), {}, { promptTokens: 10 }, { tokens, text: undefined }]) {
+      const r = router.route(request, { track: false });
+      assert.ok(r.workerId !== '', JSON.stringify(request));
+    }
   });
 });

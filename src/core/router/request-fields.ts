@@ -25,8 +25,7 @@ export class RouteFields {
 /**
  * Checks the request's metadata into `into`; `judgeRoles` are the agent roles routed isolated,
  * `maxIdBytes` the longest id (UTF-8 bytes) it takes, `maxAnchors` the most content anchors. Also checks the type of each way of
- * naming the prompt, the ones route() reads no further too (tokens win over blockHashes, then
- * messages, then text): a value of the wrong type there is the caller's mistake, not a choice.
+ * naming the prompt, and that the request names it one way only (see checkPromptFields).
  */
 export function readRouteFields(
   request: RouteRequest,
@@ -48,10 +47,16 @@ export function readRouteFields(
   into.isolated = request.isolate === true || (agentRole !== undefined && judgeRoles.has(agentRole));
 }
 
+/** The ways a request names its prompt (RouteRequest), in the order a refusal names them. */
+const PROMPT_FORMS = ['tokens', 'blockHashes', 'messages', 'text'] as const;
+
 /**
  * The types of the prompt's fields, by typeof (allocating nothing): what route() reads of the
  * one it uses is checked further as it reads it. `promptTokens` and `blockTokens` are checked
- * as numbers whether or not they are read.
+ * as numbers whether or not they are read. A request names its prompt one way (RouteRequest,
+ * docs/routing.md §1): two given (`{ text, tokens }`) are refused with a TypeError naming
+ * both, as one of them would otherwise be routed on and the other silently dropped. None given
+ * (`route({})`, the seed API's requests) is a prompt of no blocks.
  */
 function checkPromptFields(request: RouteRequest): void {
   const { text, messages, blockHashes, blockTokens, promptTokens } = request;
@@ -62,6 +67,15 @@ function checkPromptFields(request: RouteRequest): void {
     throw new TypeError(`blockHashes must be an array, got ${check.typeName(blockHashes)}`);
   if (blockTokens !== undefined) check.positiveInt(blockTokens, 'blockTokens', 0);
   if (promptTokens !== undefined) check.nonNegativeInt(promptTokens, 'promptTokens', 0);
+  let given: (typeof PROMPT_FORMS)[number] | undefined;
+  for (const form of PROMPT_FORMS) {
+    if (request[form] === undefined) continue;
+    if (given !== undefined)
+      throw new TypeError(
+        `${given} and ${form} both given: a request names its prompt one way (tokens, blockHashes, messages or text)`,
+      );
+    given = form;
+  }
 }
 
 /**

@@ -15,7 +15,11 @@ import type { RouteReason } from '../policies/types.js';
  */
 export type IndexMode = 'precise' | 'approximate';
 
-/** A request as route() takes it: one way to name its prompt, plus metadata. */
+/**
+ * A request as route() takes it: one way to name its prompt (`tokens`, `blockHashes`, `messages`
+ * or `text`; two are refused with a TypeError naming both, none routes a prompt of no blocks),
+ * plus metadata.
+ */
 export interface RouteRequest {
   /** Prompt token ids (hashed per block of blockSize). */
   tokens?: ArrayLike<number>;
