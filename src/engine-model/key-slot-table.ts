@@ -13,7 +13,13 @@ export class KeySlotTable {
   private readonly shift: number;
   size = 0;
 
+  /** The most keys a table takes: twice as many entries must fit a 31-bit shift of 1. */
+  static readonly MAX_CAPACITY = 2 ** 29;
+
   constructor(capacity: number) {
+    // past this `1 << bits` overflows to a negative number and the loop below never ends
+    if (!Number.isInteger(capacity) || capacity < 0 || capacity > KeySlotTable.MAX_CAPACITY)
+      throw new RangeError(`capacity must be an integer from 0 to ${KeySlotTable.MAX_CAPACITY} keys, got ${capacity}`);
     let bits = 4;
     while (1 << bits < 2 * capacity) bits++;
     this.keys = new Float64Array(1 << bits);

@@ -257,3 +257,18 @@ test('the key → slot table agrees with a Map under random inserts and deletes'
   assert.deepEqual(new Map(table.entries()), map);
   assert.equal(table.get(-5), -1);
 });
+
+test('a key → slot table larger than a 31-bit shift can address is refused, not sized forever', () => {
+  // 2^30 keys want 2^31 entries: `1 << 31` is negative, and sizing the table never ended
+  assert.throws(
+    () => new KeySlotTable(2 ** 30),
+    /capacity must be an integer from 0 to 536870912 keys, got 1073741824/,
+  );
+  assert.throws(() => new KeySlotTable(1.5), RangeError);
+  assert.throws(() => new KeySlotTable(-1), RangeError);
+  // and an engine whose KV holds that many blocks says so
+  assert.throws(
+    () => new EngineModel({ blockTokens: 1, kvTokens: 2 ** 30 }, () => {}),
+    /capacity must be an integer from 0 to 536870912 keys/,
+  );
+});
