@@ -2,6 +2,7 @@
 
 import { readFileSync } from 'node:fs';
 import { checkOutputFile, type OutputFile } from '../src/cli/output-file.js';
+import { SIM_LIMITS } from '../src/cli/options.js';
 import { resolveCostWeights, type CostWeights } from '../src/core/policies/index.js';
 import { ENGINE_DEFAULTS, engineConfig, type EngineConfig } from '../src/engine-model/index.js';
 
@@ -182,6 +183,12 @@ export function engineFlag(flags: Map<string, string | true>): EngineSettings | 
       if (!Object.hasOwn(ENGINE_DEFAULTS, key))
         throw new RangeError(`unknown setting '${key}' (known: ${Object.keys(ENGINE_DEFAULTS).join(', ')})`);
     engineConfig({ ...(settings as EngineSettings), blockTokens: 1 });
+    // simulate's own bound on one engine's KV: its blocks are held in memory
+    const kvTokens = settings.kvTokens;
+    if (typeof kvTokens === 'number' && kvTokens > SIM_LIMITS.kvTokens)
+      throw new RangeError(
+        `kvTokens must be at most ${SIM_LIMITS.kvTokens}, as simulate's --kv-tokens (got ${kvTokens})`,
+      );
     // the sweep's load points are counted in the engines' prefill rate, 1 / linearMsPerToken
     if (settings.linearMsPerToken === 0)
       throw new RangeError('linearMsPerToken must be > 0 (the load points are counted in the prefill rate it gives)');

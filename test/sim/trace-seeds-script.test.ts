@@ -82,6 +82,8 @@ describe('bench:trace-seeds', () => {
           ['--engine', '{"maxRunning":0}', '--out', dir],
           /^error: --engine: engine maxBatchTokens and maxRunning must be >= 1/,
         ],
+        // past simulate's bound on one engine's KV (a run that size would not end)
+        [['--engine', '{"kvTokens":1e12}', '--out', dir], /^error: --engine: kvTokens must be at most 16777216/],
       ] as const) {
         const r = benchScript('bench/sim.ts', ...args);
         assert.equal(r.status, 2, `${args.join(' ')}: ${r.stderr}`);
