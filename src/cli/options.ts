@@ -126,10 +126,9 @@ export const SIM_LIMITS = Object.freeze({
    */
   clusterKvBlocks: 2 ** 24,
   /**
-   * Router replicas × the trace's blocks (hash ids and content-anchor blocks): each replica
-   * keeps an index and its policy's state over the blocks it routes, some 60 bytes a block, so
-   * 32 Mi comes to about 2 GB whatever the number of replicas. One replica is the replay itself,
-   * held by the trace's own bound (MAX_TRACE_BLOCKS).
+   * Router replicas × the trace's distinct blocks (hash ids and content-anchor blocks): each
+   * replica keeps an index and its policy's state over the blocks it routes. One replica is the
+   * replay itself, held by the trace's own bound (MAX_TRACE_BLOCKS).
    */
   replicaBlocks: 2 ** 25,
   speed: { min: 1e-3, max: 1e6 },
@@ -166,14 +165,17 @@ export function checkClusterKvBlocks(
 }
 
 /**
- * Router replicas of a run over a trace of `traceBlocks` blocks, refused past
+ * Router replicas of a run over a trace of `traceBlocks` distinct blocks (distinctTraceBlocks,
+ * counted up to half the bound: past it the trace takes one replica), refused past
  * SIM_LIMITS.replicaBlocks naming --replicas, with the most this trace may have.
  */
 export function checkReplicaBlocks(replicas: number, traceBlocks: number): void {
   if (replicas < 2 || replicas * traceBlocks <= SIM_LIMITS.replicaBlocks) return;
+  const counted = Math.floor(SIM_LIMITS.replicaBlocks / 2);
+  const blocks = traceBlocks > counted ? `more than ${counted}` : `${traceBlocks}`;
   const most = Math.floor(SIM_LIMITS.replicaBlocks / traceBlocks);
   throw new RangeError(
-    `--replicas ${replicas}: ${replicas} router replicas × the trace's ${traceBlocks} blocks (hash ids and content-anchor blocks) is ${replicas * traceBlocks}, more than ${SIM_LIMITS.replicaBlocks} (each replica holds its own index of the blocks in memory); ${most < 2 ? 'this trace takes one replica' : `this trace takes at most ${most}`}`,
+    `--replicas ${replicas}: ${replicas} router replicas × the trace's ${blocks} distinct blocks (hash ids and content-anchor blocks) is more than ${SIM_LIMITS.replicaBlocks} (each replica holds its own index of the blocks in memory); ${most < 2 ? 'this trace takes one replica' : `this trace takes at most ${most}`}`,
   );
 }
 

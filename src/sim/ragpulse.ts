@@ -229,7 +229,7 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
 
 /**
  * Ids of the full blocks of the prompt prefix (system-prompt chunks, then history chunks):
- * chunk lengths from the side files (a missing id counts one block), block i covering tokens
+ * chunk lengths from the side files (an unknown id is refused when the trace is read), block i covering tokens
  * [i × blockSize, (i + 1) × blockSize) of that stream. The id mixes a chain over every chunk
  * id entered so far with the block's end offset inside its chunk: two requests share block i
  * exactly when their chunk sequences agree up to it. At most `maxBlocks` ids (a prefix longer

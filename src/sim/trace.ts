@@ -238,6 +238,31 @@ export function heldBlocks(req: TraceRequest): number {
 }
 
 /**
+ * The distinct blocks a router told of every request of `requests` would index: distinct hash ids,
+ * and each distinct content anchor's blocks, counted no further than `most` + 1 (the sets stay at
+ * most `most` entries: a caller bounding memory needs no more than that).
+ */
+export function distinctTraceBlocks(requests: readonly TraceRequest[], most: number): number {
+  const ids = new Set<number>();
+  const anchors = new Set<string>();
+  let anchorBlocks = 0;
+  for (const r of requests) {
+    for (const h of r.hashIds) {
+      if (ids.has(h)) continue;
+      if (ids.size + anchorBlocks >= most) return most + 1;
+      ids.add(h);
+    }
+    for (const a of r.anchors ?? []) {
+      if (anchors.has(a.id)) continue;
+      anchorBlocks += Math.ceil(a.tokens / r.blockSize);
+      if (ids.size + anchorBlocks > most) return most + 1;
+      anchors.add(a.id);
+    }
+  }
+  return ids.size + anchorBlocks;
+}
+
+/**
  * Reads a Mooncake JSONL trace (optionally .gz; LF, CRLF or CR line ends, an optional BOM), blank
  * lines skipped, sorted by timestamp (stable). A malformed line is a TraceFormatError naming it;
  * a file of more than MAX_TRACE_REQUESTS requests is a RangeError naming it, and one of more

@@ -80,12 +80,36 @@ test("router replicas are bounded by the trace's blocks they would each hold, na
     cli(['simulate', '--trace', trace, '--policies', 'round-robin', '--no-progress', '--format', 'json', ...args]);
   refused(
     simulate('--replicas', '33'),
-    "--replicas 33: 33 router replicas × the trace's 1048576 blocks (hash ids and content-anchor blocks) is 34603008, more than 33554432 (each replica holds its own index of the blocks in memory); this trace takes at most 32",
+    "--replicas 33: 33 router replicas × the trace's 1048576 distinct blocks (hash ids and content-anchor blocks) is more than 33554432 (each replica holds its own index of the blocks in memory); this trace takes at most 32",
   );
   // at the bound the run goes ahead (the request is over the engines' context: rejected, quickly)
   const ok = simulate('--replicas', '32');
   assert.equal(ok.status, 0, ok.stderr);
   assert.equal(JSON.parse(ok.stdout).requests, 1);
+  // a replica indexes each block once, however many requests send it: 40 requests of the same
+  // 2^20 blocks take as many replicas as one
+  const shared = file(
+    'shared.jsonl',
+    Array.from(
+      { length: 40 },
+      (_, i) =>
+        `{"timestamp": ${i}, "input_length": 1048576, "output_length": 1, "block_size": 1, "hash_ids": [1], "anchors": ["doc"], "anchor_lengths": [1048575]}`,
+    ).join('\n'),
+  );
+  const many = cli([
+    'simulate',
+    '--trace',
+    shared,
+    '--policies',
+    'round-robin',
+    '--no-progress',
+    '--format',
+    'json',
+    '--replicas',
+    '32',
+  ]);
+  assert.equal(many.status, 0, many.stderr);
+  assert.equal(JSON.parse(many.stdout).requests, 40);
 });
 
 test('an output that is a file a RAGPulse directory is read from is refused, through links too, and the file stays whole', () => {

@@ -8,12 +8,19 @@ import {
   type ComparisonReport,
 } from '../../sim/compare.js';
 import { loadTrace, namingTrace, traceFiles } from '../../sim/load-trace.js';
-import { heldBlocks } from '../../sim/trace.js';
+import { distinctTraceBlocks } from '../../sim/trace.js';
 import { formatTable, pct } from '../format.js';
 import { escapedText, fileErrorMessage, quotedText, shownText } from '../../core/shown-text.js';
 import { parseWorkerEvents, type ScenarioOptions } from '../../sim/scenarios.js';
 import { ENGINE_DEFAULTS } from '../../engine-model/config.js';
-import { checkClusterKv, checkClusterKvBlocks, checkPolicyNames, checkReplicaBlocks, policyList } from '../options.js';
+import {
+  checkClusterKv,
+  checkClusterKvBlocks,
+  checkPolicyNames,
+  checkReplicaBlocks,
+  policyList,
+  SIM_LIMITS,
+} from '../options.js';
 import {
   checkDistinctOutputs,
   checkOutputFile,
@@ -46,12 +53,9 @@ export async function runSimulate(flags: SimulateFlags): Promise<void> {
   // the cluster's KV counts in blocks once the trace's block size is known
   if (requests.length > 0)
     checkClusterKvBlocks(flags.workers, clusterKvTokens(flags), requests[0].blockSize, clusterKvFlags(flags));
-  // every router replica holds an index of the blocks it is told of: their number multiplies it
-  if (flags.replicas !== undefined)
-    checkReplicaBlocks(
-      flags.replicas,
-      requests.reduce((a, r) => a + heldBlocks(r), 0),
-    );
+  // every router replica holds an index of the distinct blocks it is told of: their number multiplies it
+  if (flags.replicas !== undefined && flags.replicas >= 2)
+    checkReplicaBlocks(flags.replicas, distinctTraceBlocks(requests, Math.floor(SIM_LIMITS.replicaBlocks / 2)));
   // a judge role's lines are isolated everywhere the run reads them, as `isolate: true` lines
   // are: the engines' keys, the seed's anchor, the bounds (the router is told the roles too)
   if (flags.judgeRoles) {
