@@ -1,9 +1,11 @@
 import { InvalidArgumentError } from 'commander';
 import { POLICY_NAMES } from '../core/policies/index.js';
 import { quotedText } from '../core/shown-text.js';
+import { MAX_KV_BLOCKS } from '../engine-model/limits.js';
 
 /** A decimal number as people write one (`0.5`, `1e3`); not hexadecimal, octal or binary. */
-const DECIMAL = /^\s*[-+]?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?\s*$/i;
+/** A number written in decimal: a sign, a fraction and an exponent allowed, blanks around (not `0x10`, `Infinity`). */
+export const DECIMAL = /^\s*[-+]?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?\s*$/i;
 
 /**
  * A commander parser for an integer flag from `min` to `max` (decimal digits only); bad values
@@ -124,7 +126,7 @@ export const SIM_LIMITS = Object.freeze({
    * an engine holds some 25 bytes per block whatever its size, so a trace of small blocks
    * needs far more memory for the same tokens (16 Mi, mock-engine's bound on its blocks).
    */
-  clusterKvBlocks: 2 ** 24,
+  clusterKvBlocks: MAX_KV_BLOCKS,
   /**
    * Router replicas × the trace's distinct blocks (hash ids and content-anchor blocks): each
    * replica keeps an index and its policy's state over the blocks it routes. One replica is the

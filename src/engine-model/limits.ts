@@ -1,3 +1,9 @@
+/**
+ * The most KV blocks a process holds for its simulated engines together (mock-engine's ranks, a
+ * simulated cluster): every block is held in memory, some 25 bytes each whatever its size.
+ */
+export const MAX_KV_BLOCKS = 2 ** 24;
+
 /** The request sizes an engine serves: its context length and its KV capacity. */
 export interface EngineLimits {
   /** The longest request served (prompt + output tokens). */

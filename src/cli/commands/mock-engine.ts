@@ -1,12 +1,13 @@
 import type { Command } from 'commander';
 import { quotedText } from '../../core/shown-text.js';
 import { VLLM_HASH_ALGOS } from '../../core/vllm-block-hash.js';
+import { MAX_KV_BLOCKS } from '../../engine-model/limits.js';
 import { InvalidArgumentError } from 'commander';
 import { intOption, pathOption, positiveNumberOption } from '../options.js';
 import type { MockEngineFlags } from './mock-engine-run.js';
 
 /** Most KV blocks of the whole engine (every rank's cache is allocated up front). */
-export const MAX_KV_BLOCKS = 2 ** 24;
+export { MAX_KV_BLOCKS };
 
 /** A non-empty text flag of at most `max` characters. */
 const textOption = (flag: string, max: number) => (value: string) => {

@@ -19,7 +19,7 @@ import { fileErrorMessage, quotedText, shownText } from '../../core/shown-text.j
 import { MAX_WORKERS } from '../../core/worker-registry.js';
 import { parseWorkerRecord, WORKER_SPEC_KEYS } from '../../server/worker-input.js';
 import type { WorkerRecord } from '../../state/state-store.js';
-import { specFields } from '../options.js';
+import { DECIMAL, specFields } from '../options.js';
 import { parseDiscoverySpec, parseObjectives } from './picker-text.js';
 import {
   envName,
@@ -120,7 +120,7 @@ function fromText(key: string, schema: z.ZodType, text: string, where: string): 
     }
   }
   const type = unwrapSchema(schema).def.type;
-  if (type === 'number') return /^\s*[-+]?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?\s*$/i.test(text) ? Number(text) : text;
+  if (type === 'number') return DECIMAL.test(text) ? Number(text) : text;
   if (type === 'boolean') return switchValue(text);
   if (type === 'object' || type === 'record' || type === 'array') {
     let parsed: unknown;
