@@ -336,6 +336,77 @@ describe('vLLM KV event decoding', () => {
     assert.match(d.skipped![0].message, /extra_keys\[0\] nests deeper than 8 levels/);
   });
 
+  test('an event nested millions deep is cut at the depth bound before it is built: skipped alone, the rest applies', () => {
+    // [ts, [[[[…4M deep…]]], BlockRemoved], nil]: msgpack's decoder would build one array per
+    // level (gigabytes at 33M); the structure pass cuts it at KV_EVENT_LIMITS.maxEventDepth
+    const levels = 4_000_000;
+    const deep = Buffer.concat([
+      Buffer.from([0x93]),
+      encode(1.5),
+      Buffer.from([0x92]),
+      Buffer.alloc(levels, 0x91),
+      Buffer.from([0x90]),
+      encode(['BlockRemoved', [7], 'GPU']),
+      Buffer.from([0xc0]),
+    ]);
+    const b = decodeEventBatch(deep);
+    assert.deepEqual(
+      b.events.map((e) => e.type),
+      ['BlockRemoved'],
+    );
+    assert.equal(b.skipped?.length, 1);
+    assert.equal(b.skipped![0].index, 0);
+    assert.equal(b.skipped![0].reason, 'unknown_type');
+    // the type shown is what was decoded: arrays down to the bound, never the millions of levels
+    assert.ok(b.skipped![0].message.length < 200, b.skipped![0].message);
+    // a deep extra_keys entry reads as before: its event skipped for its depth
+    const entry = Buffer.concat([Buffer.alloc(levels, 0x91), encode('salt')]);
+    const stored = Buffer.concat([
+      Buffer.from([0x99]),
+      ...ONE_BLOCK_STORED_ARRAY.map((v) => encode(v)),
+      Buffer.from([0x91]),
+      entry,
+    ]);
+    const s = decodeEventBatch(Buffer.concat([Buffer.from([0x92]), encode(1.5), Buffer.from([0x91]), stored]));
+    assert.deepEqual(s.events, []);
+    assert.equal(s.skipped?.[0].reason, 'bad_field');
+    assert.match(s.skipped![0].message, /extra_keys\[0\] nests deeper than 8 levels/);
+    // a ts or data_parallel_rank nested deep is no number: the batch is refused, nothing built
+    const deepField = (at: 0 | 2) => {
+      const fields = [encode(1.5), encode([]), encode(0)];
+      fields[at] = Buffer.concat([Buffer.alloc(levels, 0x91), Buffer.from([0x90])]);
+      return Buffer.concat([Buffer.from([0x93]), ...fields]);
+    };
+    assert.throws(() => decodeEventBatch(deepField(0)), /batch ts must be a number/);
+    assert.throws(() => decodeEventBatch(deepField(2)), /data_parallel_rank must be an integer/);
+  });
+
+  test('an event of more msgpack objects than its bound is skipped (too_large) without being decoded', () => {
+    // three arrays of 1.5M nils each: every array within the decoder's length bound, the
+    // event past KV_EVENT_LIMITS.maxElementsPerEvent
+    const third = 1_400_000;
+    assert.ok(3 * third > KV_EVENT_LIMITS.maxElementsPerEvent && third < KV_EVENT_LIMITS.maxTokensPerEvent);
+    const nils = () => {
+      const h = Buffer.alloc(5);
+      h[0] = 0xdd;
+      h.writeUInt32BE(third, 1);
+      return Buffer.concat([h, Buffer.alloc(third, 0xc0)]);
+    };
+    const big = Buffer.concat([Buffer.from([0x94]), encode('BlockStored'), nils(), nils(), nils()]);
+    const b = decodeEventBatch(
+      Buffer.concat([Buffer.from([0x92]), encode(1.5), Buffer.from([0x92]), big, encode(['BlockRemoved', [7], 'GPU'])]),
+    );
+    assert.deepEqual(
+      b.events.map((e) => e.type),
+      ['BlockRemoved'],
+    );
+    assert.deepEqual(
+      b.skipped?.map(({ index, reason }) => ({ index, reason })),
+      [{ index: 0, reason: 'too_large' }],
+    );
+    assert.match(b.skipped![0].message, /more than \d+ msgpack objects/);
+  });
+
   test("vLLM's typed extra keys read as the bare keys of earlier releases; a tag it does not know stays a map", () => {
     const typed = new Uint8Array(readFileSync(new URL('typed-extra-keys-mm-salt.bin', dir)));
     const legacy = new Uint8Array(readFileSync(new URL('extra-keys-mm-salt.bin', dir)));

@@ -159,6 +159,22 @@ export const KV_EVENT_LIMITS = {
    */
   maxExtraKeyDepth: 8,
   /**
+   * Levels one event may nest before it is decoded, the event itself being the first: an
+   * extra_keys entry is at level 3, so an entry within maxExtraKeyDepth ends at level 10.
+   * msgpack's decoder has no depth bound, and builds one array per level: a 32 MiB payload of
+   * nested arrays is 33 million of them, gigabytes of heap. The structure pass measures each
+   * event's depth on its bytes; what nests deeper is cut (decoded as an empty array at level 11),
+   * so that the event is skipped as a too-deep extra key would be, never built.
+   */
+  maxEventDepth: 10,
+  /**
+   * msgpack objects (each value, container and map key) one event may hold, counted on its
+   * bytes before it is decoded: twice maxTokensPerEvent, room for a store at the token and
+   * block bounds with its extra_keys. Each object costs a JS value (an empty array tens of
+   * bytes): an event over it is skipped (`too_large`) without being decoded.
+   */
+  maxElementsPerEvent: 4_194_304,
+  /**
    * Bytes of one binary block hash. vLLM's are a 32-byte digest (sha256; 16 for xxhash), or,
    * for a KV group hashed at a step finer than its block (BlockHashListWithBlockSize in
    * vllm/v1/core/kv_cache_utils.py), its sub-blocks' digests concatenated: block size over
@@ -252,6 +268,9 @@ export function readEventBatch(payload: Uint8Array): EventBatchReader {
     throw new KvEventFormatError(`payload of ${payload.byteLength} bytes is over the limit`, 'too_large');
   const view = new DataView(payload.buffer, payload.byteOffset, payload.byteLength);
   const field = (from: number, to: number): unknown => {
+    // a header field is a number or a string: a container is none, and is not built (its
+    // nesting is unbounded; a map key of one is no field this router reads)
+    if (header(payload, view, from).kind !== 'other') return NOT_A_FIELD;
     try {
       return fieldDecoder.decode(payload.subarray(from, to));
     } catch (err) {
@@ -307,12 +326,17 @@ export function readEventBatch(payload: Uint8Array): EventBatchReader {
   const list = events === undefined ? undefined : header(payload, view, events);
   if (!list || list.kind !== 'array') throw new KvEventFormatError('batch events must be an array');
   const dataParallelRank = rank === null || rank === undefined ? null : toInt(rank, 'data_parallel_rank');
-  // where each event starts (the events' structure was checked when the batch was skipped)
+  // where each event starts (the events' structure was checked when the batch was skipped),
+  // and what each would cost decoded: one nested past the depth bound is decoded cut
+  // (cutDeep), one of too many objects not at all
   const starts = new Uint32Array(list.count + 1);
+  const shapes = new Uint8Array(list.count);
   let at = list.next;
   for (let i = 0; i < list.count; i++) {
     starts[i] = at;
-    at = skip(payload, view, at);
+    at = walkEvent(payload, view, at);
+    if (walkedElements > KV_EVENT_LIMITS.maxElementsPerEvent) shapes[i] = TOO_MANY;
+    else if (walkedDeep) shapes[i] = TOO_DEEP;
   }
   starts[list.count] = at;
   return {
@@ -324,8 +348,22 @@ export function readEventBatch(payload: Uint8Array): EventBatchReader {
       const raw = new Array<unknown>(to - from);
       const failed = new Map<number, KvEventFormatError>();
       for (let i = from; i < to; i++) {
+        if (shapes[i] === TOO_MANY) {
+          failed.set(
+            i,
+            new KvEventFormatError(
+              `events[${i}] holds more than ${KV_EVENT_LIMITS.maxElementsPerEvent} msgpack objects, over the limit`,
+              'too_large',
+            ),
+          );
+          continue;
+        }
         try {
-          raw[i - from] = eventDecoder.decode(payload.subarray(starts[i], starts[i + 1]));
+          const bytes =
+            shapes[i] === TOO_DEEP
+              ? cutDeep(payload, view, starts[i], starts[i + 1])
+              : payload.subarray(starts[i], starts[i + 1]);
+          raw[i - from] = eventDecoder.decode(bytes);
         } catch (err) {
           // the structure is sound: what fails is an array, a string or a map over its bound
           const message = (err as Error).message;
@@ -362,6 +400,13 @@ export function decodeEventBatch(payload: Uint8Array): KvEventBatch {
   return reader.read(0, reader.count);
 }
 
+/** A batch's header field that is an array or a map, left undecoded (no valid field is one). */
+const NOT_A_FIELD: unknown = Object.freeze({ notAField: true });
+
+/** Shapes of an event the structure pass found (readEventBatch): nested too deep, or of too many objects. */
+const TOO_DEEP = 1;
+const TOO_MANY = 2;
+
 type Header = { kind: 'array' | 'map' | 'other'; count: number; next: number };
 
 function header(b: Uint8Array, view: DataView, pos: number): Header {
@@ -388,17 +433,51 @@ const truncated = () => new KvEventFormatError('not msgpack: the payload ends in
  * count larger than the bytes left is refused at once).
  */
 function skip(b: Uint8Array, view: DataView, pos: number): number {
+  return walk(b, view, pos, false);
+}
+
+/**
+ * What the last walkEvent found: the event's msgpack objects (a container cut for its depth
+ * counting as one), and whether it nests deeper than KV_EVENT_LIMITS.maxEventDepth.
+ */
+let walkedElements = 0;
+let walkedDeep = false;
+/** Per open container of walkEvent, the count of objects still to read at which it ends. */
+const levelEnds = new Float64Array(KV_EVENT_LIMITS.maxEventDepth);
+
+/**
+ * The offset just past the event at `pos`, as skip finds it, measuring it on the way
+ * (walkedElements, walkedDeep) with no allocation. With `cuts`, the [start, end) of each
+ * container past KV_EVENT_LIMITS.maxEventDepth is pushed there (cutDeep).
+ */
+function walkEvent(b: Uint8Array, view: DataView, pos: number, cuts?: number[]): number {
+  return walk(b, view, pos, true, cuts);
+}
+
+function walk(b: Uint8Array, view: DataView, pos: number, measured: boolean, cuts?: number[]): number {
   const n = b.length;
+  const maxDepth = KV_EVENT_LIMITS.maxEventDepth;
   let pending = 1;
+  // containers open around the next object (measured only)
+  let depth = 0;
+  let elements = 0;
+  let deep = false;
   while (pending > 0) {
     if (pos >= n) throw truncated();
+    if (measured) {
+      while (depth > 0 && levelEnds[depth - 1] === pending) depth--;
+      elements++;
+    }
+    const at = pos;
     const t = b[pos++];
     pending--;
     if (t <= 0x7f || t >= 0xe0) continue; // fixint
+    /** Objects in the container at `at` (-1: not a container). */
+    let children = -1;
     if (t <= 0x8f)
-      pending += 2 * (t & 0x0f); // fixmap
+      children = 2 * (t & 0x0f); // fixmap
     else if (t <= 0x9f)
-      pending += t & 0x0f; // fixarray
+      children = t & 0x0f; // fixarray
     else if (t <= 0xbf)
       pos += t & 0x1f; // fixstr
     else {
@@ -461,33 +540,69 @@ function skip(b: Uint8Array, view: DataView, pos: number): number {
           break;
         case 0xdc: // array 16
           if (pos + 2 > n) throw truncated();
-          pending += view.getUint16(pos);
+          children = view.getUint16(pos);
           pos += 2;
           break;
         case 0xdd: // array 32
           if (pos + 4 > n) throw truncated();
-          pending += view.getUint32(pos);
+          children = view.getUint32(pos);
           pos += 4;
           break;
         case 0xde: // map 16
           if (pos + 2 > n) throw truncated();
-          pending += 2 * view.getUint16(pos);
+          children = 2 * view.getUint16(pos);
           pos += 2;
           break;
         case 0xdf: // map 32
           if (pos + 4 > n) throw truncated();
-          pending += 2 * view.getUint32(pos);
+          children = 2 * view.getUint32(pos);
           pos += 4;
           break;
         default: // 0xc1, never used
           throw new KvEventFormatError(`not msgpack: invalid byte 0x${t.toString(16)} at ${pos - 1}`);
       }
     }
+    if (children > 0) {
+      if (measured && depth >= maxDepth) {
+        // a container past the depth bound (at level depth + 1): passed over whole, uncounted
+        const end = walk(b, view, at, false);
+        deep = true;
+        cuts?.push(at, end);
+        pos = end;
+        continue;
+      }
+      if (measured) levelEnds[depth++] = pending;
+      pending += children;
+    }
     if (pending > n - pos) throw truncated();
   }
   if (pos > n) throw truncated();
+  if (measured) {
+    walkedElements = elements;
+    walkedDeep = deep;
+  }
   return pos;
 }
+
+/**
+ * The event b[from, to) with each container past KV_EVENT_LIMITS.maxEventDepth replaced by an
+ * empty array (one byte), at the same level: the event decodes to what it would be read as
+ * (its extra key too deep, its type no known one), with nothing deeper built.
+ */
+function cutDeep(b: Uint8Array, view: DataView, from: number, to: number): Uint8Array {
+  const cuts: number[] = [];
+  walkEvent(b, view, from, cuts);
+  const parts: Uint8Array[] = [];
+  let at = from;
+  for (let k = 0; k < cuts.length; k += 2) {
+    parts.push(b.subarray(at, cuts[k]), EMPTY_ARRAY);
+    at = cuts[k + 1];
+  }
+  parts.push(b.subarray(at, to));
+  return Buffer.concat(parts);
+}
+
+const EMPTY_ARRAY = Uint8Array.of(0x90);
 
 /** `prepare` rewrites an event before it is decoded; a KvEventFormatError of it skips the event. */
 function decodeEvents(
