@@ -407,6 +407,31 @@ describe('vLLM KV event decoding', () => {
     assert.match(b.skipped![0].message, /more than \d+ msgpack objects/);
   });
 
+  test('an event whose type is a uint64, a long string or a large array is skipped alone, shown bounded', () => {
+    const removal = ['BlockRemoved', [7], 'GPU'];
+    const longType = 'x'.repeat(1 << 20);
+    const types: unknown[] = [2n ** 64n - 1n, longType, new Array(2_000_000).fill(1), { type: 2n ** 63n }];
+    for (const type of types) {
+      for (const event of [[type], { type }]) {
+        const b = decodeEventBatch(encode([1.5, [removal, event, removal]], { useBigInt64: true }));
+        assert.deepEqual(
+          b.events.map((e) => e.type),
+          ['BlockRemoved', 'BlockRemoved'],
+        );
+        assert.deepEqual(
+          b.skipped?.map(({ index, reason }) => ({ index, reason })),
+          [{ index: 1, reason: 'unknown_type' }],
+        );
+        assert.ok(b.skipped![0].message.length < 300, b.skipped![0].message.slice(0, 300));
+      }
+    }
+    const shown = (type: unknown) =>
+      decodeEventBatch(encode([1.5, [[type]]], { useBigInt64: true })).skipped![0].message;
+    assert.match(shown(2n ** 64n - 1n), /unknown event type 18446744073709551615$/);
+    assert.match(shown(longType), /unknown event type "x{80}… \(1048576 characters\)"$/);
+    assert.match(shown('Block\nInactive'), /unknown event type "Block\\x0aInactive"$/);
+  });
+
   test("vLLM's typed extra keys read as the bare keys of earlier releases; a tag it does not know stays a map", () => {
     const typed = new Uint8Array(readFileSync(new URL('typed-extra-keys-mm-salt.bin', dir)));
     const legacy = new Uint8Array(readFileSync(new URL('extra-keys-mm-salt.bin', dir)));

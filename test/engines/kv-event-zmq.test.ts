@@ -447,6 +447,39 @@ describe('KV events over ZeroMQ', () => {
     assert.equal(sub.stats.applied.storedBlocks, 0);
   });
 
+  test('an event of a type no check foresaw (a uint64) skips itself alone, counted; the rest of its batch applies, logged once', async () => {
+    const { pub, sub, logs } = await rawPublisherRig();
+    let seq = 0n;
+    const send = (events: unknown[]) =>
+      pub.send(['', sequenceFrame(seq++), encode([1.5, events], { useBigInt64: true })]);
+    const storedOne = (h: number) => ['BlockStored', [h], null, tokens(100 * h, BS), BS, null, 'GPU', null];
+    await until(
+      async () => {
+        if (sub.stats.batches > 0) return true;
+        await send([storedOne(1)]);
+        return false;
+      },
+      'the subscription to receive a probe',
+      { intervalMs: 20 },
+    );
+    const BATCHES = 200;
+    for (let i = 0; i < BATCHES; i++) {
+      // a store, then its removal before the bad event, in one batch: the removal must not be lost
+      await send([storedOne(i + 2), ['BlockRemoved', [i + 2], 'GPU'], [2n ** 64n - 1n], storedOne(1000 + i)]);
+    }
+    await until(() => (sub.stats.applied.skipped.unknown_type ?? 0) === BATCHES, `the ${BATCHES} bad events`);
+    await until(() => sub.stats.lastSeq === Number(seq) - 1, 'every batch');
+    assert.equal(sub.stats.malformed, 0, 'no batch dropped whole');
+    assert.equal(sub.stats.applied.removedBlocks, BATCHES, 'every removal before a bad event applied');
+    assert.ok(sub.stats.applied.storedBlocks >= 2 * BATCHES, 'every store around a bad event applied');
+    assert.equal(logs.filter((l) => /unknown_type/.test(l)).length, 1, logs.join(' | '));
+    assert.match(
+      logs.find((l) => /unknown_type/.test(l))!,
+      /unknown event type 18446744073709551615/,
+    );
+    assert.equal(logs.filter((l) => /handler failed/.test(l)).length, 0, logs.join(' | '));
+  });
+
   test("copies on storage that is not the engine's own (locality REMOTE) are skipped, counted and logged once", async () => {
     const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
     router.registerWorker('w0');

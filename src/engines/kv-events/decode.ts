@@ -1,5 +1,6 @@
 import { createHash } from 'node:crypto';
 import { Decoder } from '@msgpack/msgpack';
+import { escapedText, SHOWN_CHARS } from '../../core/shown-text.js';
 
 /**
  * vLLM KV events (vllm/distributed/kv_events.py), decoded from msgpack into one shape
@@ -619,8 +620,14 @@ function decodeEvents(
     try {
       out.push(decodeEvent(prepare(events[i], i), first + i));
     } catch (err) {
-      if (!(err instanceof KvEventFormatError)) throw err;
-      (skipped ??= []).push({ index: first + i, reason: err.reason, message: err.message });
+      // an error no check foresaw is still this event's alone: it is skipped, the rest applies
+      const e =
+        err instanceof KvEventFormatError
+          ? err
+          : new KvEventFormatError(
+              `events[${first + i}] could not be read: ${escapedText(String((err as Error)?.message ?? err))}`,
+            );
+      (skipped ??= []).push({ index: first + i, reason: e.reason, message: e.message });
     }
   }
   const batch: KvEventBatch = { ts, events: out, dataParallelRank };
@@ -633,9 +640,8 @@ function decodeEvent(e: unknown, i: number): KvEvent {
   let fields: Record<string, unknown>;
   if (Array.isArray(e)) {
     type = e[0];
-    if (type !== 'BlockStored' && type !== 'BlockRemoved' && type !== 'AllBlocksCleared') {
-      throw new KvEventFormatError(`events[${i}]: unknown event type ${JSON.stringify(type)}`, 'unknown_type');
-    }
+    if (!isEventType(type))
+      throw new KvEventFormatError(`events[${i}]: unknown event type ${shownValue(type)}`, 'unknown_type');
     const names = type === 'BlockStored' ? STORED_FIELDS : type === 'BlockRemoved' ? REMOVED_FIELDS : [];
     fields = {};
     names.forEach((name, k) => (fields[name] = e[k + 1] ?? null));
@@ -647,11 +653,13 @@ function decodeEvent(e: unknown, i: number): KvEvent {
     }
   } else if (isMap(e)) {
     type = e.type;
+    if (!isEventType(type))
+      throw new KvEventFormatError(`events[${i}]: unknown event type ${shownValue(type)}`, 'unknown_type');
     fields = e;
   } else {
     throw new KvEventFormatError(`events[${i}] must be an array or a map`);
   }
-  const at = `events[${i}] (${String(type)})`;
+  const at = `events[${i}] (${type})`;
   switch (type) {
     case 'BlockStored': {
       const blockHashes = hashList(fields.block_hashes, `${at}.block_hashes`);
@@ -735,9 +743,43 @@ function decodeEvent(e: unknown, i: number): KvEvent {
     }
     case 'AllBlocksCleared':
       return { type };
-    default:
-      throw new KvEventFormatError(`events[${i}]: unknown event type ${JSON.stringify(type)}`, 'unknown_type');
   }
+}
+
+function isEventType(v: unknown): v is KvEvent['type'] {
+  return v === 'BlockStored' || v === 'BlockRemoved' || v === 'AllBlocksCleared';
+}
+
+/** Items of an array (or entries of a map) shownValue shows, and the levels it goes down. */
+const SHOWN_ITEMS = 4;
+const SHOWN_LEVELS = 3;
+
+/**
+ * A decoded value from a payload as a message shows it, on one line: strings quoted, cut and
+ * escaped (escapedText), numbers and BigInts as digits, bytes by their length, arrays and maps
+ * by their first items down a few levels, with their length. Bounded whatever the value (a
+ * 1 MB string, an array of millions, a BigInt, a deep nesting) and never throws, as a message
+ * about a foreign payload must not (JSON.stringify throws on a BigInt and on a deep nesting).
+ */
+export function shownValue(v: unknown, levels = SHOWN_LEVELS): string {
+  if (typeof v === 'string') return `"${escapedText(v, SHOWN_CHARS)}"`;
+  if (typeof v === 'bigint' || typeof v === 'number' || typeof v === 'boolean') return String(v);
+  if (v === null || v === undefined) return String(v);
+  if (v instanceof Uint8Array) return `<${v.byteLength} bytes>`;
+  if (Array.isArray(v)) {
+    if (v.length === 0) return '[]';
+    if (levels <= 0) return `[… (${v.length} items)]`;
+    const items = v.slice(0, SHOWN_ITEMS).map((x) => shownValue(x, levels - 1));
+    return `[${items.join(', ')}${v.length > SHOWN_ITEMS ? `, … (${v.length} items)` : ''}]`;
+  }
+  if (isMap(v)) {
+    const keys = Object.keys(v);
+    if (keys.length === 0) return '{}';
+    if (levels <= 0) return `{… (${keys.length} entries)}`;
+    const entries = keys.slice(0, SHOWN_ITEMS).map((k) => `${shownValue(k, 0)}: ${shownValue(v[k], levels - 1)}`);
+    return `{${entries.join(', ')}${keys.length > SHOWN_ITEMS ? `, … (${keys.length} entries)` : ''}}`;
+  }
+  return `<${typeof v}>`;
 }
 
 function extraKeyList(v: unknown, at: string): ExtraKeys[] | null {

@@ -1,6 +1,6 @@
 import { setImmediate as nextTurn } from 'node:timers/promises';
 import { context, Dealer, Subscriber, type Observer } from 'zeromq';
-import { quotedText, shownText } from '../../core/shown-text.js';
+import { escapedText, quotedText, shownText } from '../../core/shown-text.js';
 import type { KvEventApplier } from './applier.js';
 import { emptyCounts, MISMATCHES_BEFORE_GIVING_UP, NON_LOCAL_SKIP, type ApplyCounts } from './applier.js';
 import {
@@ -9,6 +9,7 @@ import {
   KvEventFormatError,
   readEventBatch,
   type EventBatchReader,
+  type KvEventBatch,
 } from './decode.js';
 
 /**
@@ -339,8 +340,19 @@ export class KvEventSubscriber {
     openSubscribers--;
   }
 
+  /**
+   * Runs `fn` after every handler queued before it. A handler's unforeseen failure is logged as
+   * the other faults are, at most once a window (a message that makes it fail may come at
+   * every step), its message shown escaped and cut.
+   */
   private serial(fn: () => Promise<void> | void): Promise<void> {
-    this.chain = this.chain.then(fn, fn).catch((err: Error) => this.log(`handler failed: ${err.message}`));
+    this.chain = this.chain
+      .then(fn, fn)
+      .catch((err: unknown) =>
+        this.logOnceAWindow('handler failed', 1, (unlogged) =>
+          moreSince(`handler failed: ${escapedText(String((err as Error)?.message ?? err))}`, unlogged, 'failures'),
+        ),
+      );
     return this.chain;
   }
 
@@ -630,7 +642,18 @@ export class KvEventSubscriber {
       if (from > 0) await this.turn();
       // closed meanwhile (the worker removed, perhaps added again under its id): nothing more
       if (!this.running) return;
-      const batch = reader.read(from, to);
+      let batch: KvEventBatch;
+      try {
+        batch = reader.read(from, to);
+      } catch (err) {
+        // a bad event is skipped alone (read lists it): a failure of the read itself is a case
+        // the decoding did not foresee, and the rest of the batch is dropped, counted as malformed
+        this.logMalformed(
+          'batches that could not be decoded',
+          `could not decode batch ${seq} from event ${from}: ${escapedText(String((err as Error)?.message ?? err))}`,
+        );
+        return;
+      }
       if (batch.skipped) {
         const skipped = this.stats.applied.skipped;
         skips ??= new Map();
