@@ -133,6 +133,46 @@ describe('KV event applier', () => {
     assert.equal(router.index.entriesFor(0), 0);
   });
 
+  test('a clear right after a clear (nothing stored or removed between) walks nothing again; one after a store does', () => {
+    const { router, applier } = setup();
+    const explain = () =>
+      router.route({ tokens: tokens(0, 12) }, { dryRun: true, explain: true }).explain!.find((x) => x.worker === 'w0')!;
+    applier.apply(
+      'w0',
+      batch(
+        stored([10n, 11n, 12n], null, tokens(0, 12)),
+        stored([10n, 11n], null, [], { medium: 'CPU', blockSize: 0 }),
+      ),
+    );
+    // each clear the index is asked to apply walks every block the worker keeps offloaded
+    let walks = 0;
+    const applyCleared = router.applyCleared.bind(router);
+    router.applyCleared = (...args: Parameters<typeof router.applyCleared>) => {
+      walks++;
+      applyCleared(...args);
+    };
+    const clear = { type: 'AllBlocksCleared' } as const;
+    assert.equal(applier.workOf('w0', clear), 4, "a clear walks the worker's tracked blocks (and counts one)");
+    const c = applier.apply('w0', batch(...Array.from({ length: 1000 }, () => clear)));
+    assert.equal(c.cleared, 1000, 'every clear is counted');
+    assert.equal(walks, 1, 'one walk for the run of clears');
+    assert.equal(applier.workOf('w0', clear), 1, 'nothing to walk again');
+    // and in a later batch too, until something is stored or removed
+    applier.apply('w0', batch(clear));
+    assert.equal(walks, 1);
+    assert.deepEqual(applier.copies('w0', 10n), { gpu: 0, offload: 1 });
+    assert.equal(explain().offloadBlocks, 2);
+    applier.apply('w0', batch(stored([10n], null, tokens(0, 4)), clear, clear));
+    assert.equal(walks, 2, 'a clear after a store walks again');
+    assert.deepEqual(applier.copies('w0', 10n), { gpu: 0, offload: 1 }, 'the GPU copy stored between is cleared');
+    assert.equal(applier.workOf('w0', clear, stored([10n], null, tokens(0, 4))), 3, 'after a store in the same slice');
+    assert.equal(applier.workOf('w0', clear, clear), 1, 'after a clear in the same slice');
+    // a worker dropped whole (a gap, a restart) starts afresh: its next clear is walked
+    applier.clearWorker('w0');
+    applier.apply('w0', batch(stored([10n], null, [], { medium: 'CPU', blockSize: 0 }), clear));
+    assert.equal(explain().overlapBlocks, 0);
+  });
+
   test("AllBlocksCleared forgets SGLang HiCache's host copies (CPU_PINNED), which its reset clears too", () => {
     const { router, applier } = setup();
     applier.apply(

@@ -9,7 +9,12 @@ import { bindEndpoint } from '../../src/engines/kv-events/bind.js';
 import { decodeEventBatch, KV_EVENT_LIMITS, type KvEvent } from '../../src/engines/kv-events/decode.js';
 import { encodeEventBatch } from '../../src/engines/kv-events/encode.js';
 import { KvEventPublisher } from '../../src/engines/kv-events/publisher.js';
-import { KvEventSubscriber, SESSION_CHECK_MS, YIELD_AFTER_MS } from '../../src/engines/kv-events/subscriber.js';
+import {
+  APPLY_SLICE_WORK,
+  KvEventSubscriber,
+  SESSION_CHECK_MS,
+  YIELD_AFTER_MS,
+} from '../../src/engines/kv-events/subscriber.js';
 import { KVAwareRouter } from '../../src/index.js';
 import { skippedEventCounts } from '../../src/server/engine-deployments.js';
 import { eventBatch, sequenceFrame, storedEvent, storedTokens, tokenRange } from '../helpers/kv-event-builders.js';
@@ -696,6 +701,63 @@ describe('KV events over ZeroMQ', () => {
     );
     assert.ok(slices.at(-1)!.turn > slices[0].turn, 'the loop turned while the batch applied');
     assert.deepEqual(calls.at(-1), { events: 1, turn: calls.at(-1)!.turn });
+  });
+
+  test('clears on a worker keeping offload copies apply in slices weighed by the blocks they walk; a run of clears walks once', async () => {
+    const { router, applier, pub, sub } = await rig();
+    const n = 20_000;
+    const hashes = Array.from({ length: n }, (_, i) => BigInt(1_000 + i));
+    const seen = sub.stats.batches;
+    // n GPU blocks, and the offload connector's tokenless copies of them (kept through a clear)
+    await pub.publish(batch(stored(hashes, null, 0), storedTokens(hashes, null, [], 0, { medium: 'CPU' })));
+    await until(() => sub.stats.batches > seen, 'the stores');
+    assert.equal(sub.stats.applied.offloadBlocks, n);
+    let turns = 0;
+    let ticking = true;
+    const tick = () => {
+      turns++;
+      if (ticking) setImmediate(tick);
+    };
+    setImmediate(tick);
+    const calls: Array<{ clears: number; turn: number }> = [];
+    let walks = 0;
+    const applyCleared = router.applyCleared.bind(router);
+    router.applyCleared = (...args: Parameters<typeof router.applyCleared>) => {
+      walks++;
+      applyCleared(...args);
+    };
+    const apply = applier.apply.bind(applier);
+    applier.apply = (worker, b, counts) => {
+      calls.push({ clears: b.events.filter((e) => e.type === 'AllBlocksCleared').length, turn: turns });
+      return apply(worker, b, counts);
+    };
+    // 8 clears, each after a store of a new GPU block: each walks the n blocks kept offloaded
+    const clears = 8;
+    const cleared = sub.stats.applied.cleared;
+    const events: KvEvent[] = [];
+    for (let k = 0; k < clears; k++)
+      events.push(stored([BigInt(900_000 + k)], null, 200_000 + k * BS), { type: 'AllBlocksCleared' });
+    await pub.publish(batch(...events));
+    await until(() => sub.stats.applied.cleared === cleared + clears, 'the clears');
+    assert.equal(walks, clears);
+    const perCall = Math.floor(APPLY_SLICE_WORK / n);
+    assert.ok(
+      calls.length >= Math.ceil(clears / perCall) && calls.every((c) => c.clears <= perCall),
+      `at most ${perCall} clears of ${n} blocks per slice: ${JSON.stringify(calls)}`,
+    );
+    assert.ok(calls.at(-1)!.turn > calls[0].turn, 'the loop turned between the slices');
+    // a run of clears with nothing between walks once, and applies in one slice
+    calls.length = 0;
+    walks = 0;
+    await pub.publish(batch(...Array.from({ length: 4000 }, () => ({ type: 'AllBlocksCleared' }) as const)));
+    await until(() => sub.stats.applied.cleared === cleared + clears + 4000, 'the run of clears');
+    ticking = false;
+    assert.equal(walks, 0, 'nothing stored since the last clear: nothing walked');
+    assert.deepEqual(
+      calls.map((c) => c.clears),
+      [4000],
+    );
+    assert.equal(router.getStats().index.entries, n, 'the offload copies stay');
   });
 
   test('a burst of queued batches lets the event loop turn between them, not once per hundreds ZeroMQ hands over', async () => {

@@ -281,6 +281,12 @@ export class KvEventApplier {
    * cleared: their engine drops its offload copies with its prefix cache (clearPrefixCache).
    */
   private readonly offloadClearedWithCache = new Set<string>();
+  /**
+   * Workers whose prefix cache was cleared (offload copies kept) with nothing stored or removed
+   * since: another clear changes nothing they reported, and is not walked again
+   * (clearPrefixCache walks every kept block).
+   */
+  private readonly clearedSinceChange = new Set<string>();
   private readonly scratch = new BlockHashes(64);
   private readonly root = new Uint32Array(2);
   private readonly key = new Uint32Array(2);
@@ -440,7 +446,22 @@ export class KvEventApplier {
     this.unknownGroups.delete(workerId);
     this.indexedFromUnknown.delete(workerId);
     this.offloadClearedWithCache.delete(workerId);
+    this.clearedSinceChange.delete(workerId);
     this.router.applyCleared(workerId);
+  }
+
+  /**
+   * What applying `e` to the worker now costs, in blocks walked (and one per event): a store's
+   * or removal's blocks; a clear's, every block it walks (the worker's tracked blocks), none for
+   * a clear right after another (`previous`, the event applied just before it in the same
+   * apply(), or, with none, what the worker was last sent), which changes nothing. The
+   * subscriber weighs a slice by it, so that a run of clears on a worker keeping offload copies
+   * is spread over turns of the event loop rather than held in one.
+   */
+  workOf(workerId: string, e: KvEvent, previous?: KvEvent): number {
+    if (e.type !== 'AllBlocksCleared') return 1 + e.blockHashes.length;
+    const again = previous ? previous.type === 'AllBlocksCleared' : this.clearedSinceChange.has(workerId);
+    return again ? 1 : 1 + (this.maps.get(workerId)?.size ?? 0);
   }
 
   /**
@@ -467,6 +488,10 @@ export class KvEventApplier {
    * need them), but for its hashes, checked again as after clearWorker.
    */
   private clearPrefixCache(workerId: string): void {
+    // nothing stored or removed since the last clear: this one changes nothing the worker
+    // reported (what the router predicted for requests sent since stays, as for requests the
+    // engine takes after its reset)
+    if (this.clearedSinceChange.has(workerId)) return;
     const map = this.maps.get(workerId);
     let kept = false;
     if (map && !this.offloadClearedWithCache.has(workerId)) {
@@ -481,6 +506,7 @@ export class KvEventApplier {
     this.hashesConfirmed.delete(workerId);
     this.unexplainedMismatches.delete(workerId);
     this.router.applyCleared(workerId, 'offload');
+    this.clearedSinceChange.add(workerId);
   }
 
   private mapFor(workerId: string): Map<EngineBlockHash, OwnBlock> {
@@ -557,6 +583,7 @@ export class KvEventApplier {
       counts.cleared++;
       return;
     }
+    this.clearedSinceChange.delete(workerId);
     // a copy on storage the engine does not own is not its cache: it teaches nothing either
     if (!isLocalCopy(e)) return skip(counts, NON_LOCAL_SKIP, e.type === 'BlockRemoved' ? e.blockHashes.length : 1);
     if (e.type === 'BlockStored') {

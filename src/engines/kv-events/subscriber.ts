@@ -113,6 +113,13 @@ export interface SubscriberStats {
  */
 export const APPLY_SLICE_EVENTS = 4096;
 export const APPLY_SLICE_BYTES = 256 * 1024;
+/**
+ * Blocks a slice's events may walk before the loop turns (KvEventApplier.workOf): a slice's
+ * stores and removals stay well under it, but an AllBlocksCleared on a worker that keeps
+ * offload copies walks every one of them (~100 ns each), and 4,096 such clears in one slice
+ * would hold the loop for a minute. A few milliseconds of clearing.
+ */
+export const APPLY_SLICE_WORK = 65_536;
 
 /**
  * Wall time (ms) the subscriber reads and applies messages before it lets the event loop turn
@@ -665,7 +672,28 @@ export class KvEventSubscriber {
         }
       }
       try {
-        this.options.applier.apply(worker, batch, this.stats.applied);
+        // applied in parts of at most APPLY_SLICE_WORK blocks walked (one event at least), the
+        // loop turning between them: a clear walks every block the worker keeps offloaded
+        const applier = this.options.applier;
+        const list = batch.events;
+        for (let i = 0; i < list.length;) {
+          let j = i;
+          for (let work = 0; j < list.length; j++) {
+            const w = applier.workOf(worker, list[j], j > i ? list[j - 1] : undefined);
+            if (j > i && work + w > APPLY_SLICE_WORK) break;
+            work += w;
+          }
+          if (i > 0) {
+            await this.turn();
+            if (!this.running) return;
+          }
+          applier.apply(
+            worker,
+            i === 0 && j === list.length ? batch : { ...batch, events: list.slice(i, j) },
+            this.stats.applied,
+          );
+          i = j;
+        }
       } catch (err) {
         // e.g. the worker was removed from the router meanwhile
         this.logMalformed(
