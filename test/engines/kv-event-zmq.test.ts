@@ -1221,6 +1221,81 @@ describe('KV events: replays against the live stream, sequence numbers', () => {
     assert.equal(sub.stats.duplicates, 0);
   });
 
+  /**
+   * A bare publisher and a replay ROUTER that records each replay asked for and answers it
+   * (`answer`) or not, with a subscriber of worker `w0` polling it every 20 ms when idle.
+   */
+  async function pollingRig(answer: boolean) {
+    const pub = new Publisher({ linger: 0 });
+    const replay = new Router({ linger: 0 });
+    await bindEndpoint(pub, 'tcp://127.0.0.1:*');
+    await bindEndpoint(replay, 'tcp://127.0.0.1:*');
+    const asked: bigint[] = [];
+    const serving = (async () => {
+      for await (const [id, , start] of replay) {
+        asked.push(start.readBigInt64BE());
+        if (answer) await replay.send([id, '', sequenceFrame(-1n), '']);
+      }
+    })().catch(() => {});
+    const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
+    router.registerWorker('w0');
+    const logs: string[] = [];
+    const sub = new KvEventSubscriber({
+      workerId: 'w0',
+      endpoint: pub.lastEndpoint!,
+      replayEndpoint: replay.lastEndpoint!,
+      applier: new KvEventApplier(router),
+      idleReplayMs: 20,
+      replayTimeoutMs: 20,
+      replayDeadlineMs: 100,
+      log: (m) => logs.push(m),
+    }).start();
+    closers.push(
+      () => sub.close(),
+      async () => {
+        pub.close();
+        replay.close();
+        await serving;
+      },
+    );
+    return { pub, sub, logs, asked };
+  }
+
+  test('a replay endpoint that never answers fails every idle poll, logged once a minute, not once a poll', async () => {
+    const { sub, logs, asked } = await pollingRig(false);
+    await until(() => sub.stats.replayFailures >= 5 && asked.length >= 5, 'five failed replays');
+    const lines = logs.filter((l) => /replay from \d+ failed/.test(l));
+    assert.equal(lines.length, 1, logs.join(' | '));
+    assert.match(lines[0], /timed out|did not end/);
+  });
+
+  test('after sequence number 2^63 − 1 the idle poll asks for nothing it could not write, and fails nothing', async () => {
+    const { pub, sub, logs, asked } = await pollingRig(true);
+    const max = (1n << 63n) - 1n;
+    let polls = 0;
+    const s = sub as unknown as { catchUp: () => Promise<void> };
+    const catchUp = s.catchUp.bind(sub);
+    s.catchUp = async () => {
+      if (sub.stats.lastSeq === Number(max)) polls++;
+      await catchUp();
+    };
+    await until(
+      async () => {
+        if (sub.stats.lastSeq === Number(max)) return true;
+        await pub.send(['', sequenceFrame(max), encodeEventBatch(batch(stored([1n], null, 0)))]);
+        return false;
+      },
+      'the batch numbered 2^63 − 1',
+      { intervalMs: 20 },
+    );
+    const failures = sub.stats.replayFailures;
+    const askedBefore = asked.length;
+    await until(() => polls >= 5, 'five idle polls after it');
+    assert.equal(sub.stats.replayFailures, failures, logs.join(' | '));
+    assert.equal(asked.length, askedBefore, 'no replay asked from 2^63');
+    assert.ok(!logs.some((l) => /RangeError|out of range/i.test(l)), logs.join(' | '));
+  });
+
   test('a negative sequence number is a malformed message; a bad sequence frame is named in the log', async () => {
     const { pub, sub, logs } = await rigWithReplay(() => []);
     const malformed = sub.stats.malformed;

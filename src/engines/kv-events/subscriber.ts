@@ -162,6 +162,9 @@ export const SESSION_CHECK_MS = 1000;
  */
 export const LOG_WINDOW_MS = 60_000;
 
+/** The largest sequence number: a signed 64-bit one (an engine's from 2^63 on is malformed). */
+const MAX_SEQ = (1n << 63n) - 1n;
+
 /**
  * `line`, with how many more of `what` were not logged since the last line of its kind (or
  * `first`, when given, on a first line).
@@ -368,6 +371,9 @@ export class KvEventSubscriber {
     if (!this.running || !this.options.replayEndpoint) return;
     this.lastMessageAt = Date.now();
     const from = this.lastSeq === null ? 0n : this.lastSeq + 1n;
+    // after 2^63 − 1 no batch can follow (a number from 2^63 on is malformed, nor can it be
+    // asked for: the request's start is a signed 64-bit number); the next one will go back
+    if (from > MAX_SEQ) return;
     await this.replayFrom(from, null);
   }
 
@@ -845,7 +851,12 @@ export class KvEventSubscriber {
     } catch (err) {
       if (!this.running) return false; // cancelled by close(): no failure of the engine's
       this.stats.replayFailures++;
-      this.log(`replay from ${from} failed: ${(err as Error).message}`);
+      // once a window per reason (its numbers aside): an endpoint that never answers fails
+      // every idle poll, for as long as it is configured
+      const why = escapedText(String((err as Error)?.message ?? err));
+      this.logOnceAWindow(`replay failed: ${why.replace(/\d+/g, 'N')}`, 1, (unlogged) =>
+        moreSince(`replay from ${from} failed: ${why}`, unlogged, 'replays failed for this reason'),
+      );
       if (next > from) {
         // what it applied before it failed is dropped, and the stream goes on from where it stood
         // before the replay: a replay that never ends numbers its batches on past the live ones,
