@@ -64,7 +64,8 @@ import {
  *   chain of its first position, and a node's first page lands at the root, both false hits. A
  *   worker whose engine hash is stored again under another parent, or whose page stored after
  *   another has CPython's hash of its tokens alone (cpythonTupleHash), has its entries dropped and
- *   its stores refused ('position_free_hash') until they are cleared (a restart, a removal).
+ *   its stores refused ('position_free_hash') until they are cleared (a restart, a removal, an
+ *   AllBlocksCleared: clearPrefixCache judges its stores afresh).
  * - Locality: vLLM's storage tiers (medium "STORAGE", earlier "FS"/"OBJ") say where a copy is
  *   (`locality`, vllm-project/vllm#48281, v0.26.0): "LOCAL", the engine's own, or "REMOTE",
  *   storage it does not own, which other engines may read too. Only the engine's own copies are
@@ -743,7 +744,7 @@ export class KvEventApplier {
   /**
    * Router hash mode: the worker's engine hashes blocks without their position. What it stored
    * may be chained under the wrong prefix, so its entries go (clearWorker), and its stores are
-   * refused until they are cleared again (a restart, a removal).
+   * refused until they are cleared again (a restart, a removal, an AllBlocksCleared).
    */
   private refusePositionFree(workerId: string, counts: ApplyCounts): void {
     this.clearWorker(workerId);

@@ -748,7 +748,7 @@ export class KvEventSubscriber {
         `worker ${worker}: its engine's block hashes do not depend on a block's position (one was stored again under another parent, or a page stored after another ` +
           `has Python's hash(tuple(page_tokens)) of its own tokens, as SGLang's first page events hash, sgl-project/sglang#6824). Chained by them, its blocks would be indexed ` +
           `under the wrong prefix and count as cached where they are not: its entries are dropped and its stores refused (reason position_free_hash) until they are cleared ` +
-          `(a restart, a removal), so requests are routed to it without its cache. Run an SGLang release with sequence-aware (sha256-chained) KV event hashes, ` +
+          `(a restart, a removal, a reset of its prefix cache), so requests are routed to it without its cache. Run an SGLang release with sequence-aware (sha256-chained) KV event hashes, ` +
           `sgl-project/sglang#13488 or later (docs/engines.md)`,
       );
     if (unknownKindBefore === 0 && this.stats.applied.unknownKindStores > 0)
