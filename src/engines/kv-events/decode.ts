@@ -282,13 +282,33 @@ export function readEventBatch(payload: Uint8Array): EventBatchReader {
   let rank: unknown = null;
   let events: number | undefined;
   // the events count is checked from its header, before the events are walked
-  const countEvents = (at: number): void => {
+  // the events array: its count checked from its header before anything is walked, then each
+  // event's start noted and what it would cost decoded (walkEvent), in the one pass over its
+  // bytes: one nested past the depth bound is decoded cut (cutDeep), one of too many objects
+  // not at all. Anything else is skipped, and refused below
+  let starts = new Uint32Array(1);
+  let shapes = new Uint8Array(0);
+  const readEvents = (at: number): number => {
     const h = header(payload, view, at);
-    if (h.kind === 'array' && h.count > KV_EVENT_LIMITS.maxEvents)
+    if (h.kind !== 'array') return skip(payload, view, at);
+    if (h.count > KV_EVENT_LIMITS.maxEvents)
       throw new KvEventFormatError(
         `batch has ${h.count} events, over the limit of ${KV_EVENT_LIMITS.maxEvents}`,
         'too_large',
       );
+    // (every event takes a byte: a count past the bytes left is cut short, not allocated for)
+    if (h.count > payload.length - h.next) throw truncated();
+    starts = new Uint32Array(h.count + 1);
+    shapes = new Uint8Array(h.count);
+    let next = h.next;
+    for (let i = 0; i < h.count; i++) {
+      starts[i] = next;
+      next = walkEvent(payload, view, next);
+      if (walkedElements > KV_EVENT_LIMITS.maxElementsPerEvent) shapes[i] = TOO_MANY;
+      else if (walkedDeep) shapes[i] = TOO_DEEP;
+    }
+    starts[h.count] = next;
+    return next;
   };
   const top = header(payload, view, 0);
   let pos = top.next;
@@ -297,8 +317,7 @@ export function readEventBatch(payload: Uint8Array): EventBatchReader {
       throw new KvEventFormatError(`batch array must have at least 2 elements (ts, events), got ${top.count}`);
     // [ts, events] or [ts, events, data_parallel_rank]; later fields are ignored
     for (let i = 0; i < top.count; i++) {
-      if (i === 1) countEvents(pos);
-      const end = skip(payload, view, pos);
+      const end = i === 1 ? readEvents(pos) : skip(payload, view, pos);
       if (i === 0) ts = field(pos, end);
       else if (i === 1) events = pos;
       else if (i === 2) rank = field(pos, end);
@@ -308,8 +327,7 @@ export function readEventBatch(payload: Uint8Array): EventBatchReader {
     for (let i = 0; i < top.count; i++) {
       const keyEnd = skip(payload, view, pos);
       const key = field(pos, keyEnd);
-      if (key === 'events') countEvents(keyEnd);
-      const end = skip(payload, view, keyEnd);
+      const end = key === 'events' ? readEvents(keyEnd) : skip(payload, view, keyEnd);
       if (key === 'ts') ts = field(keyEnd, end);
       else if (key === 'events') events = keyEnd;
       else if (key === 'data_parallel_rank') rank = field(keyEnd, end);
@@ -327,19 +345,6 @@ export function readEventBatch(payload: Uint8Array): EventBatchReader {
   const list = events === undefined ? undefined : header(payload, view, events);
   if (!list || list.kind !== 'array') throw new KvEventFormatError('batch events must be an array');
   const dataParallelRank = rank === null || rank === undefined ? null : toInt(rank, 'data_parallel_rank');
-  // where each event starts (the events' structure was checked when the batch was skipped),
-  // and what each would cost decoded: one nested past the depth bound is decoded cut
-  // (cutDeep), one of too many objects not at all
-  const starts = new Uint32Array(list.count + 1);
-  const shapes = new Uint8Array(list.count);
-  let at = list.next;
-  for (let i = 0; i < list.count; i++) {
-    starts[i] = at;
-    at = walkEvent(payload, view, at);
-    if (walkedElements > KV_EVENT_LIMITS.maxElementsPerEvent) shapes[i] = TOO_MANY;
-    else if (walkedDeep) shapes[i] = TOO_DEEP;
-  }
-  starts[list.count] = at;
   return {
     ts: tsNumber,
     dataParallelRank,
