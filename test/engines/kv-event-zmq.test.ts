@@ -719,45 +719,49 @@ describe('KV events over ZeroMQ', () => {
       if (ticking) setImmediate(tick);
     };
     setImmediate(tick);
-    const calls: Array<{ clears: number; turn: number }> = [];
-    let walks = 0;
-    const applyCleared = router.applyCleared.bind(router);
-    router.applyCleared = (...args: Parameters<typeof router.applyCleared>) => {
-      walks++;
-      applyCleared(...args);
-    };
-    const apply = applier.apply.bind(applier);
-    applier.apply = (worker, b, counts) => {
-      calls.push({ clears: b.events.filter((e) => e.type === 'AllBlocksCleared').length, turn: turns });
-      return apply(worker, b, counts);
-    };
-    // 8 clears, each after a store of a new GPU block: each walks the n blocks kept offloaded
-    const clears = 8;
-    const cleared = sub.stats.applied.cleared;
-    const events: KvEvent[] = [];
-    for (let k = 0; k < clears; k++)
-      events.push(stored([BigInt(900_000 + k)], null, 200_000 + k * BS), { type: 'AllBlocksCleared' });
-    await pub.publish(batch(...events));
-    await until(() => sub.stats.applied.cleared === cleared + clears, 'the clears');
-    assert.equal(walks, clears);
-    const perCall = Math.floor(APPLY_SLICE_WORK / n);
-    assert.ok(
-      calls.length >= Math.ceil(clears / perCall) && calls.every((c) => c.clears <= perCall),
-      `at most ${perCall} clears of ${n} blocks per slice: ${JSON.stringify(calls)}`,
-    );
-    assert.ok(calls.at(-1)!.turn > calls[0].turn, 'the loop turned between the slices');
-    // a run of clears with nothing between walks once, and applies in one slice
-    calls.length = 0;
-    walks = 0;
-    await pub.publish(batch(...Array.from({ length: 4000 }, () => ({ type: 'AllBlocksCleared' }) as const)));
-    await until(() => sub.stats.applied.cleared === cleared + clears + 4000, 'the run of clears');
-    ticking = false;
-    assert.equal(walks, 0, 'nothing stored since the last clear: nothing walked');
-    assert.deepEqual(
-      calls.map((c) => c.clears),
-      [4000],
-    );
-    assert.equal(router.getStats().index.entries, n, 'the offload copies stay');
+    // (stopped however the test ends: a tick left running would keep the process alive)
+    try {
+      const calls: Array<{ clears: number; turn: number }> = [];
+      let walks = 0;
+      const applyCleared = router.applyCleared.bind(router);
+      router.applyCleared = (...args: Parameters<typeof router.applyCleared>) => {
+        walks++;
+        applyCleared(...args);
+      };
+      const apply = applier.apply.bind(applier);
+      applier.apply = (worker, b, counts) => {
+        calls.push({ clears: b.events.filter((e) => e.type === 'AllBlocksCleared').length, turn: turns });
+        return apply(worker, b, counts);
+      };
+      // 8 clears, each after a store of a new GPU block: each walks the n blocks kept offloaded
+      const clears = 8;
+      const cleared = sub.stats.applied.cleared;
+      const events: KvEvent[] = [];
+      for (let k = 0; k < clears; k++)
+        events.push(stored([BigInt(900_000 + k)], null, 200_000 + k * BS), { type: 'AllBlocksCleared' });
+      await pub.publish(batch(...events));
+      await until(() => sub.stats.applied.cleared === cleared + clears, 'the clears');
+      assert.equal(walks, clears);
+      const perCall = Math.floor(APPLY_SLICE_WORK / n);
+      assert.ok(
+        calls.length >= Math.ceil(clears / perCall) && calls.every((c) => c.clears <= perCall),
+        `at most ${perCall} clears of ${n} blocks per slice: ${JSON.stringify(calls)}`,
+      );
+      assert.ok(calls.at(-1)!.turn > calls[0].turn, 'the loop turned between the slices');
+      // a run of clears with nothing between walks once, and applies in one slice
+      calls.length = 0;
+      walks = 0;
+      await pub.publish(batch(...Array.from({ length: 4000 }, () => ({ type: 'AllBlocksCleared' }) as const)));
+      await until(() => sub.stats.applied.cleared === cleared + clears + 4000, 'the run of clears');
+      assert.equal(walks, 0, 'nothing stored since the last clear: nothing walked');
+      assert.deepEqual(
+        calls.map((c) => c.clears),
+        [4000],
+      );
+      assert.equal(router.getStats().index.entries, n, 'the offload copies stay');
+    } finally {
+      ticking = false;
+    }
   });
 
   test('a burst of queued batches lets the event loop turn between them, not once per hundreds ZeroMQ hands over', async () => {
