@@ -238,28 +238,42 @@ export function heldBlocks(req: TraceRequest): number {
 }
 
 /**
- * The distinct blocks a router told of every request of `requests` would index: distinct hash ids,
- * and each distinct content anchor's blocks, counted no further than `most` + 1 (the sets stay at
- * most `most` entries: a caller bounding memory needs no more than that).
+ * The distinct blocks a router told of every request of `requests` would index, counted no
+ * further than `most` + 1 (the sets stay at most `most` entries: a caller bounding memory needs no
+ * more than that). The router keys a block by the request's model and CLA group, so a hash id
+ * counts once in each of those it is sent under; an isolated request's blocks are salted for it
+ * alone and count every time; a content anchor counts its largest size once in each.
  */
 export function distinctTraceBlocks(requests: readonly TraceRequest[], most: number): number {
-  const ids = new Set<number>();
-  const anchors = new Set<string>();
-  let anchorBlocks = 0;
+  const ids = new Map<string, Set<number>>();
+  const anchorBlocks = new Map<string, number>();
+  let total = 0;
   for (const r of requests) {
+    if (r.isolate) {
+      total += heldBlocks(r);
+      if (total > most) return most + 1;
+      continue;
+    }
+    const space = `${r.model ?? ''}\u0000${r.claGroup ?? ''}`;
+    let seen = ids.get(space);
+    if (seen === undefined) ids.set(space, (seen = new Set()));
     for (const h of r.hashIds) {
-      if (ids.has(h)) continue;
-      if (ids.size + anchorBlocks >= most) return most + 1;
-      ids.add(h);
+      if (seen.has(h)) continue;
+      if (total >= most) return most + 1;
+      seen.add(h);
+      total++;
     }
     for (const a of r.anchors ?? []) {
-      if (anchors.has(a.id)) continue;
-      anchorBlocks += Math.ceil(a.tokens / r.blockSize);
-      if (ids.size + anchorBlocks > most) return most + 1;
-      anchors.add(a.id);
+      const key = `${space}\u0000${a.id}`;
+      const blocks = Math.ceil(a.tokens / r.blockSize);
+      const counted = anchorBlocks.get(key) ?? 0;
+      if (blocks <= counted) continue;
+      total += blocks - counted;
+      if (total > most) return most + 1;
+      anchorBlocks.set(key, blocks);
     }
   }
-  return ids.size + anchorBlocks;
+  return total;
 }
 
 /**

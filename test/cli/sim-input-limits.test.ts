@@ -12,6 +12,8 @@ import { fileURLToPath } from 'node:url';
 import { gzipSync } from 'node:zlib';
 import { after, test } from 'node:test';
 import { CLI } from '../helpers/cli-entry.js';
+import { distinctTraceBlocks } from '../../src/sim/trace.js';
+import type { TraceRequest } from '../../src/sim/trace.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'cf-sim-input-limits-'));
 after(() => rmSync(dir, { recursive: true, force: true }));
@@ -110,6 +112,57 @@ test("router replicas are bounded by the trace's blocks they would each hold, na
   ]);
   assert.equal(many.status, 0, many.stderr);
   assert.equal(JSON.parse(many.stdout).requests, 40);
+});
+
+test("a replica's blocks are counted as its index keys them: per model and CLA group, an isolated request's every time, an anchor at its largest", () => {
+  const req = (over: Partial<TraceRequest>): TraceRequest => ({
+    index: 0,
+    timestamp: 0,
+    inputLength: 1,
+    outputLength: 1,
+    hashIds: [1, 2, 3],
+    blockSize: 1,
+    ...over,
+  });
+  // the same three ids under two models, two CLA groups and none: three namespaces
+  assert.equal(distinctTraceBlocks([req({}), req({ model: 'a' }), req({ claGroup: 2 }), req({})], 100), 9);
+  // an isolated request is salted for itself alone
+  assert.equal(distinctTraceBlocks([req({ isolate: true }), req({ isolate: true }), req({})], 100), 9);
+  // an anchor counts its largest size, whichever comes first
+  const small = req({ hashIds: [], anchors: [{ id: 'doc', tokens: 16 }] });
+  const large = req({ hashIds: [], anchors: [{ id: 'doc', tokens: 1000 }] });
+  assert.equal(distinctTraceBlocks([small, large], 10_000), 1000);
+  assert.equal(distinctTraceBlocks([large, small], 10_000), 1000);
+  // and the count stops past `most`
+  assert.equal(distinctTraceBlocks([req({ isolate: true }), req({ isolate: true })], 5), 6);
+  // isolated requests of the same 2^20 blocks: twice the blocks, half the replicas
+  const isolated = file(
+    'isolated.jsonl',
+    [0, 1]
+      .map(
+        (i) =>
+          `{"timestamp": ${i}, "input_length": 1048576, "output_length": 1, "block_size": 1, "hash_ids": [1], "anchors": ["doc"], "anchor_lengths": [1048575], "isolate": true}`,
+      )
+      .join('\n'),
+  );
+  const run = (replicas: string) =>
+    cli([
+      'simulate',
+      '--trace',
+      isolated,
+      '--policies',
+      'round-robin',
+      '--no-progress',
+      '--format',
+      'json',
+      '--replicas',
+      replicas,
+    ]);
+  refused(
+    run('17'),
+    "--replicas 17: 17 router replicas × the trace's 2097152 distinct blocks (hash ids and content-anchor blocks) is more than 33554432 (each replica holds its own index of the blocks in memory); this trace takes at most 16",
+  );
+  assert.equal(run('16').status, 0);
 });
 
 test('an output that is a file a RAGPulse directory is read from is refused, through links too, and the file stays whole', () => {

@@ -53,15 +53,15 @@ export async function runSimulate(flags: SimulateFlags): Promise<void> {
   // the cluster's KV counts in blocks once the trace's block size is known
   if (requests.length > 0)
     checkClusterKvBlocks(flags.workers, clusterKvTokens(flags), requests[0].blockSize, clusterKvFlags(flags));
-  // every router replica holds an index of the distinct blocks it is told of: their number multiplies it
-  if (flags.replicas !== undefined && flags.replicas >= 2)
-    checkReplicaBlocks(flags.replicas, distinctTraceBlocks(requests, Math.floor(SIM_LIMITS.replicaBlocks / 2)));
   // a judge role's lines are isolated everywhere the run reads them, as `isolate: true` lines
   // are: the engines' keys, the seed's anchor, the bounds (the router is told the roles too)
   if (flags.judgeRoles) {
     const judges = new Set(flags.judgeRoles);
     for (const r of requests) if (r.agentRole !== undefined && judges.has(r.agentRole)) r.isolate = true;
   }
+  // every router replica holds an index of the distinct blocks it is told of: their number multiplies it
+  if (flags.replicas !== undefined && flags.replicas >= 2)
+    checkReplicaBlocks(flags.replicas, distinctTraceBlocks(requests, Math.floor(SIM_LIMITS.replicaBlocks / 2)));
   const bar =
     flags.progress && process.stderr.isTTY
       ? new cliProgress.SingleBar(
