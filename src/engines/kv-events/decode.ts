@@ -165,7 +165,8 @@ export const KV_EVENT_LIMITS = {
    * msgpack's decoder has no depth bound, and builds one array per level: a 32 MiB payload of
    * nested arrays is 33 million of them, gigabytes of heap. The structure pass measures each
    * event's depth on its bytes; what nests deeper is cut (decoded as an empty array at level 11),
-   * so that the event is skipped as a too-deep extra key would be, never built.
+   * never built: an extra key so cut is skipped as too deep, a field the router does not read is
+   * cut and the event applied.
    */
   maxEventDepth: 10,
   /**
