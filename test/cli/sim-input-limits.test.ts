@@ -19,6 +19,9 @@ const dir = mkdtempSync(join(tmpdir(), 'cf-sim-input-limits-'));
 after(() => rmSync(dir, { recursive: true, force: true }));
 
 const cli = (args: string[]) => spawnSync(process.execPath, [...CLI, ...args], { encoding: 'utf8' });
+/** `simulate` of `trace` with round-robin, its result as JSON on stdout. */
+const roundRobin = (trace: string, ...args: string[]) =>
+  cli(['simulate', '--trace', trace, '--policies', 'round-robin', '--no-progress', '--format', 'json', ...args]);
 
 /** A file of `text` in the test's directory. */
 function file(name: string, text: string): string {
@@ -78,8 +81,7 @@ test("router replicas are bounded by the trace's blocks they would each hold, na
     'anchor.jsonl',
     '{"timestamp": 0, "input_length": 1048576, "output_length": 1, "block_size": 1, "hash_ids": [1], "anchors": ["doc"], "anchor_lengths": [1048575]}',
   );
-  const simulate = (...args: string[]) =>
-    cli(['simulate', '--trace', trace, '--policies', 'round-robin', '--no-progress', '--format', 'json', ...args]);
+  const simulate = (...args: string[]) => roundRobin(trace, ...args);
   refused(
     simulate('--replicas', '33'),
     "--replicas 33: 33 router replicas × the trace's 1048576 distinct blocks (hash ids and content-anchor blocks) is more than 33554432 (each replica holds its own index of the blocks in memory); this trace takes at most 32",
@@ -98,18 +100,7 @@ test("router replicas are bounded by the trace's blocks they would each hold, na
         `{"timestamp": ${i}, "input_length": 1048576, "output_length": 1, "block_size": 1, "hash_ids": [1], "anchors": ["doc"], "anchor_lengths": [1048575]}`,
     ).join('\n'),
   );
-  const many = cli([
-    'simulate',
-    '--trace',
-    shared,
-    '--policies',
-    'round-robin',
-    '--no-progress',
-    '--format',
-    'json',
-    '--replicas',
-    '32',
-  ]);
+  const many = roundRobin(shared, '--replicas', '32');
   assert.equal(many.status, 0, many.stderr);
   assert.equal(JSON.parse(many.stdout).requests, 40);
 });
@@ -145,19 +136,7 @@ test("a replica's blocks are counted as its index keys them: per model and CLA g
       )
       .join('\n'),
   );
-  const run = (replicas: string) =>
-    cli([
-      'simulate',
-      '--trace',
-      isolated,
-      '--policies',
-      'round-robin',
-      '--no-progress',
-      '--format',
-      'json',
-      '--replicas',
-      replicas,
-    ]);
+  const run = (replicas: string) => roundRobin(isolated, '--replicas', replicas);
   refused(
     run('17'),
     "--replicas 17: 17 router replicas × the trace's 2097152 distinct blocks (hash ids and content-anchor blocks) is more than 33554432 (each replica holds its own index of the blocks in memory); this trace takes at most 16",

@@ -93,11 +93,14 @@ describe('KV event applier', () => {
     assert.equal(router.route({ tokens: tokens(0, 8) }, { dryRun: true }).cachedTokens, 0);
   });
 
-  test("AllBlocksCleared keeps the offload copies vLLM's connector still holds; they leave with their own removal", () => {
+  /**
+   * w0 holding GPU blocks 10, 11, 12 and the OffloadingConnector's tokenless copies of 10 and 11
+   * (block size 0), with w0's explain entry for the 12-token prompt they hold.
+   */
+  const withOffloadCopies = () => {
     const { router, applier } = setup();
     const explain = () =>
       router.route({ tokens: tokens(0, 12) }, { dryRun: true, explain: true }).explain!.find((x) => x.worker === 'w0')!;
-    // GPU blocks 10, 11, 12; the OffloadingConnector's tokenless copies of 10 and 11 (block size 0)
     applier.apply(
       'w0',
       batch(
@@ -105,6 +108,11 @@ describe('KV event applier', () => {
         stored([10n, 11n], null, [], { medium: 'CPU', blockSize: 0 }),
       ),
     );
+    return { router, applier, explain };
+  };
+
+  test("AllBlocksCleared keeps the offload copies vLLM's connector still holds; they leave with their own removal", () => {
+    const { router, applier, explain } = withOffloadCopies();
     // reset_prefix_cache with reset_connector=False: a bare AllBlocksCleared, the CPU tier kept
     const c = applier.apply('w0', batch({ type: 'AllBlocksCleared' }));
     assert.equal(c.cleared, 1);
@@ -134,16 +142,7 @@ describe('KV event applier', () => {
   });
 
   test('a clear right after a clear (nothing stored or removed between) walks nothing again; one after a store does', () => {
-    const { router, applier } = setup();
-    const explain = () =>
-      router.route({ tokens: tokens(0, 12) }, { dryRun: true, explain: true }).explain!.find((x) => x.worker === 'w0')!;
-    applier.apply(
-      'w0',
-      batch(
-        stored([10n, 11n, 12n], null, tokens(0, 12)),
-        stored([10n, 11n], null, [], { medium: 'CPU', blockSize: 0 }),
-      ),
-    );
+    const { router, applier, explain } = withOffloadCopies();
     // each clear the index is asked to apply walks every block the worker keeps offloaded
     let walks = 0;
     const applyCleared = router.applyCleared.bind(router);

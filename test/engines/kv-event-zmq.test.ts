@@ -29,6 +29,23 @@ const batch = (...events: KvEvent[]) => eventBatch(0, ...events);
 
 const closers: Array<() => Promise<void>> = [];
 
+/** The event loop's turns, counted by a setImmediate chain from now until `stop()`. */
+function loopTurns(): { readonly count: number; stop(): void } {
+  let turns = 0;
+  let ticking = true;
+  const tick = () => {
+    turns++;
+    if (ticking) setImmediate(tick);
+  };
+  setImmediate(tick);
+  return {
+    get count() {
+      return turns;
+    },
+    stop: () => void (ticking = false),
+  };
+}
+
 /**
  * Counts the event loop's turns (a setImmediate chain) from the apply of the first store of
  * hash `first` to that of hash `last`; each apply costs at least a tenth of YIELD_AFTER_MS (it
@@ -669,18 +686,12 @@ describe('KV events over ZeroMQ', () => {
   test('a large batch applies in slices, the loop turning between them, and before the next batch', async () => {
     const { router, applier, pub, sub } = await rig();
     // count the loop's turns, and note at each apply how many had passed
-    let turns = 0;
-    let ticking = true;
-    const tick = () => {
-      turns++;
-      if (ticking) setImmediate(tick);
-    };
-    setImmediate(tick);
+    const turns = loopTurns();
     const calls: Array<{ events: number; turn: number }> = [];
     const apply = applier.apply.bind(applier);
     applier.apply = (worker, b, counts) => {
       // (the rig's probes, AllBlocksCleared, may still be arriving)
-      if (b.events[0]?.type !== 'AllBlocksCleared') calls.push({ events: b.events.length, turn: turns });
+      if (b.events[0]?.type !== 'AllBlocksCleared') calls.push({ events: b.events.length, turn: turns.count });
       return apply(worker, b, counts);
     };
     const n = 20_000;
@@ -689,7 +700,7 @@ describe('KV events over ZeroMQ', () => {
     await pub.publish(batch(...hashes.map((h, i) => stored([h], null, i * BS))));
     await pub.publish(batch({ type: 'BlockRemoved', blockHashes: hashes, medium: 'GPU', groupIdx: null }));
     await until(() => sub.stats.applied.removedBlocks - removals === n, 'both batches');
-    ticking = false;
+    turns.stop();
     assert.equal(sub.stats.applied.storedBlocks - stores, n);
     assert.equal(sub.stats.applied.unknownRemovals, 0, 'every removal came after its store');
     assert.equal(router.getStats().index.entries, 0);
@@ -712,13 +723,7 @@ describe('KV events over ZeroMQ', () => {
     await pub.publish(batch(stored(hashes, null, 0), storedTokens(hashes, null, [], 0, { medium: 'CPU' })));
     await until(() => sub.stats.batches > seen, 'the stores');
     assert.equal(sub.stats.applied.offloadBlocks, n);
-    let turns = 0;
-    let ticking = true;
-    const tick = () => {
-      turns++;
-      if (ticking) setImmediate(tick);
-    };
-    setImmediate(tick);
+    const turns = loopTurns();
     // (stopped however the test ends: a tick left running would keep the process alive)
     try {
       const calls: Array<{ clears: number; turn: number }> = [];
@@ -730,7 +735,7 @@ describe('KV events over ZeroMQ', () => {
       };
       const apply = applier.apply.bind(applier);
       applier.apply = (worker, b, counts) => {
-        calls.push({ clears: b.events.filter((e) => e.type === 'AllBlocksCleared').length, turn: turns });
+        calls.push({ clears: b.events.filter((e) => e.type === 'AllBlocksCleared').length, turn: turns.count });
         return apply(worker, b, counts);
       };
       // 8 clears, each after a store of a new GPU block: each walks the n blocks kept offloaded
@@ -760,7 +765,7 @@ describe('KV events over ZeroMQ', () => {
       );
       assert.equal(router.getStats().index.entries, n, 'the offload copies stay');
     } finally {
-      ticking = false;
+      turns.stop();
     }
   });
 
