@@ -207,6 +207,39 @@ async function publisherAgainOn(endpoint: string, replayEndpoint?: string): Prom
   return started!;
 }
 
+/**
+ * A bare publisher, a replay ROUTER answered by `serve`, and a subscriber of worker `w0` of a
+ * precise router reading both with `options`; all closed after the test.
+ */
+async function replayRig(
+  serve: (replay: Router) => Promise<void>,
+  options: Partial<ConstructorParameters<typeof KvEventSubscriber>[0]>,
+) {
+  const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
+  router.registerWorker('w0');
+  const pub = new Publisher({ linger: 0 });
+  const replay = new Router({ linger: 0 });
+  await bindEndpoint(pub, 'tcp://127.0.0.1:*');
+  await bindEndpoint(replay, 'tcp://127.0.0.1:*');
+  const serving = serve(replay).catch(() => {});
+  const sub = new KvEventSubscriber({
+    workerId: 'w0',
+    endpoint: pub.lastEndpoint!,
+    replayEndpoint: replay.lastEndpoint!,
+    applier: new KvEventApplier(router),
+    ...options,
+  }).start();
+  closers.push(
+    () => sub.close(),
+    async () => {
+      pub.close();
+      replay.close();
+      await serving;
+    },
+  );
+  return { router, pub, sub };
+}
+
 describe('KV events over ZeroMQ', () => {
   for (const encoding of ['map', 'array'] as const) {
     test(`the index follows what the engine reports storing and evicting (${encoding} encoding)`, async () => {
@@ -648,33 +681,14 @@ describe('KV events over ZeroMQ', () => {
   });
 
   test('a replay frame over the decode limit is refused by the socket: the replay fails, nothing is decoded', async () => {
-    const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
-    router.registerWorker('w0');
-    const pub = new Publisher({ linger: 0 });
-    const replay = new Router({ linger: 0 });
-    await bindEndpoint(pub, 'tcp://127.0.0.1:*');
-    await bindEndpoint(replay, 'tcp://127.0.0.1:*');
-    const serving = (async () => {
-      for await (const [id] of replay) {
-        await replay.send([id, '', seqFrame(0n), oversized()]);
-        await replay.send([id, '', seqFrame(-1n), '']);
-      }
-    })().catch(() => {});
-    const sub = new KvEventSubscriber({
-      workerId: 'w0',
-      endpoint: pub.lastEndpoint!,
-      replayEndpoint: replay.lastEndpoint!,
-      applier: new KvEventApplier(router),
-      idleReplayMs: 0,
-      replayTimeoutMs: 1000,
-    }).start();
-    closers.push(
-      () => sub.close(),
-      async () => {
-        pub.close();
-        replay.close();
-        await serving;
+    const { sub } = await replayRig(
+      async (replay) => {
+        for await (const [id] of replay) {
+          await replay.send([id, '', seqFrame(0n), oversized()]);
+          await replay.send([id, '', seqFrame(-1n), '']);
+        }
       },
+      { idleReplayMs: 0, replayTimeoutMs: 1000 },
     );
     // connecting asks for a replay from 0, answered with the oversized frame
     await until(() => sub.stats.replays + sub.stats.replayFailures > 0, 'the replay to end', { timeoutMs: 60_000 });
@@ -840,42 +854,24 @@ describe('KV events over ZeroMQ', () => {
   for (const layout of ['with the topic (vLLM)', 'without the topic (SGLang, older vLLM)'] as const) {
     test(`a replay answered ${layout} is applied`, async () => {
       const withTopic = layout.startsWith('with the topic');
-      const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
-      router.registerWorker('w0');
-      const pub = new Publisher({ linger: 0 });
-      const replay = new Router({ linger: 0 });
-      await bindEndpoint(pub, 'tcp://127.0.0.1:*');
-      await bindEndpoint(replay, 'tcp://127.0.0.1:*');
       const buffered = [
         encodeEventBatch(batch(stored([1n], null, 0)), 'array'),
         encodeEventBatch(batch(stored([2n], 1n, 4)), 'array'),
       ];
-      const serving = (async () => {
-        for await (const [id, , start] of replay) {
-          const from = Number(start.readBigUInt64BE());
-          for (let s = from; s < buffered.length; s++)
-            await replay.send(
-              withTopic
-                ? [id, '', 'kv-events', sequenceFrame(BigInt(s)), buffered[s]]
-                : [id, '', sequenceFrame(BigInt(s)), buffered[s]],
-            );
-          await replay.send(withTopic ? [id, '', '', sequenceFrame(-1n), ''] : [id, '', sequenceFrame(-1n), '']);
-        }
-      })().catch(() => {});
-      const sub = new KvEventSubscriber({
-        workerId: 'w0',
-        endpoint: pub.lastEndpoint!,
-        replayEndpoint: replay.lastEndpoint!,
-        applier: new KvEventApplier(router),
-        idleReplayMs: 0,
-      }).start();
-      closers.push(
-        () => sub.close(),
-        async () => {
-          pub.close();
-          replay.close();
-          await serving;
+      const { router, sub } = await replayRig(
+        async (replay) => {
+          for await (const [id, , start] of replay) {
+            const from = Number(start.readBigUInt64BE());
+            for (let s = from; s < buffered.length; s++)
+              await replay.send(
+                withTopic
+                  ? [id, '', 'kv-events', sequenceFrame(BigInt(s)), buffered[s]]
+                  : [id, '', sequenceFrame(BigInt(s)), buffered[s]],
+              );
+            await replay.send(withTopic ? [id, '', '', sequenceFrame(-1n), ''] : [id, '', sequenceFrame(-1n), '']);
+          }
         },
+        { idleReplayMs: 0 },
       );
       // connecting asks for everything from 0: both buffered batches arrive by replay
       await until(() => sub.stats.lastSeq === 1, 'the replayed batches');
@@ -1235,37 +1231,16 @@ describe('KV events: replays against the live stream, sequence numbers', () => {
    * (`answer`) or not, with a subscriber of worker `w0` polling it every 20 ms when idle.
    */
   async function pollingRig(answer: boolean) {
-    const pub = new Publisher({ linger: 0 });
-    const replay = new Router({ linger: 0 });
-    await bindEndpoint(pub, 'tcp://127.0.0.1:*');
-    await bindEndpoint(replay, 'tcp://127.0.0.1:*');
     const asked: bigint[] = [];
-    const serving = (async () => {
-      for await (const [id, , start] of replay) {
-        asked.push(start.readBigInt64BE());
-        if (answer) await replay.send([id, '', sequenceFrame(-1n), '']);
-      }
-    })().catch(() => {});
-    const router = new KVAwareRouter({ blockSize: BS, indexMode: 'precise' });
-    router.registerWorker('w0');
     const logs: string[] = [];
-    const sub = new KvEventSubscriber({
-      workerId: 'w0',
-      endpoint: pub.lastEndpoint!,
-      replayEndpoint: replay.lastEndpoint!,
-      applier: new KvEventApplier(router),
-      idleReplayMs: 20,
-      replayTimeoutMs: 20,
-      replayDeadlineMs: 100,
-      log: (m) => logs.push(m),
-    }).start();
-    closers.push(
-      () => sub.close(),
-      async () => {
-        pub.close();
-        replay.close();
-        await serving;
+    const { pub, sub } = await replayRig(
+      async (replay) => {
+        for await (const [id, , start] of replay) {
+          asked.push(start.readBigInt64BE());
+          if (answer) await replay.send([id, '', sequenceFrame(-1n), '']);
+        }
       },
+      { idleReplayMs: 20, replayTimeoutMs: 20, replayDeadlineMs: 100, log: (m) => logs.push(m) },
     );
     return { pub, sub, logs, asked };
   }
