@@ -3,9 +3,9 @@ import { POLICY_NAMES } from '../core/policies/index.js';
 import { quotedText } from '../core/shown-text.js';
 import { MAX_KV_BLOCKS } from '../engine-model/limits.js';
 
-/** A decimal number as people write one (`0.5`, `1e3`); not hexadecimal, octal or binary. */
-/** A number written in decimal: a sign, a fraction and an exponent allowed, blanks around (not `0x10`, `Infinity`). */
-export const DECIMAL = /^\s*[-+]?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?\s*$/i;
+import { DECIMAL } from '../core/validate.js';
+
+export { DECIMAL };
 
 /**
  * A commander parser for an integer flag from `min` to `max` (decimal digits only); bad values

@@ -281,3 +281,6 @@ export function typeName(value: unknown): string {
   if (Array.isArray(value)) return 'an array';
   return typeof value;
 }
+
+/** A number written in decimal: a sign, a fraction and an exponent allowed, blanks around (not `0x10`, `Infinity`). */
+export const DECIMAL = /^\s*[-+]?(\d+\.?\d*|\.\d+)(e[-+]?\d+)?\s*$/i;

@@ -2,6 +2,7 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { fmix32 } from '../core/hashing.js';
 import { MAX_CONTENT_ANCHORS } from '../core/router/options-schema.js';
+import { DECIMAL } from '../core/validate.js';
 import { escapeUnprintable, quotedText } from '../core/shown-text.js';
 import { heldBlocks, longTraceId, MAX_TRACE_REQUEST_TOKENS, sortByArrival, type TraceRequest } from './trace.js';
 import { MAX_TRACE_REQUESTS, tooManyRecords, traceBlockCounter, TraceFormatError, traceLines } from './trace-lines.js';
@@ -86,9 +87,6 @@ function objectOf(text: string, index: number, source: string): Record<string, u
   return raw as Record<string, unknown>;
 }
 
-/** A RAGPulse timestamp string: seconds in decimal digits, a fraction or an exponent allowed, blanks around. */
-const DECIMAL_SECONDS = /^\s*(\d+\.?\d*|\.\d+)(e[-+]?\d+)?\s*$/i;
-
 const isId = (v: unknown): v is number => typeof v === 'number' && Number.isSafeInteger(v) && v >= 0;
 const isTokens = (v: unknown): v is number =>
   typeof v === 'number' && Number.isInteger(v) && v >= 0 && v <= MAX_TRACE_REQUEST_TOKENS;
@@ -132,8 +130,7 @@ export async function loadRagpulse(dir: string, blockSize = 64): Promise<TraceRe
     const fail = (message: string) => new TraceFormatError(line.index, message, line.source);
     // seconds as a string of decimal digits ("82", "1.5", "1e3"): Number() would also read
     // "0x10" as 16 and "0b1" as 1, numbers the trace does not hold
-    const timestamp =
-      typeof r.timestamp === 'string' && DECIMAL_SECONDS.test(r.timestamp) ? Number(r.timestamp) : r.timestamp;
+    const timestamp = typeof r.timestamp === 'string' && DECIMAL.test(r.timestamp) ? Number(r.timestamp) : r.timestamp;
     if (typeof timestamp !== 'number' || !Number.isFinite(timestamp) || timestamp < 0)
       throw fail(
         `"timestamp" must be a non-negative number of seconds, in decimal digits${typeof r.timestamp === 'string' ? `, got ${quotedText(r.timestamp)}` : ''}`,

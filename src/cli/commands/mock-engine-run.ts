@@ -3,7 +3,7 @@ import { quotedText } from '../../core/shown-text.js';
 import { VLLM_HASH_ALGOS, type VllmHashAlgo } from '../../core/vllm-block-hash.js';
 import { ChatTokenizer } from '../../engines/chat-tokenizer.js';
 import { isAdapterName, MockEngine, offsetEndpointPort } from '../../engines/mock-engine.js';
-import { MAX_KV_BLOCKS } from './mock-engine.js';
+import { MAX_KV_BLOCKS } from '../../engine-model/limits.js';
 
 export interface MockEngineFlags {
   port: number;

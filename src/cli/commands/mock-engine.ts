@@ -6,9 +6,6 @@ import { InvalidArgumentError } from 'commander';
 import { intOption, pathOption, positiveNumberOption } from '../options.js';
 import type { MockEngineFlags } from './mock-engine-run.js';
 
-/** Most KV blocks of the whole engine (every rank's cache is allocated up front). */
-export { MAX_KV_BLOCKS };
-
 /** A non-empty text flag of at most `max` characters. */
 const textOption = (flag: string, max: number) => (value: string) => {
   if (value.trim() === '' || value.length > max)
