@@ -106,3 +106,8 @@ export function escapedText(text: string, max = 2 * SHOWN_CHARS): string {
   const shown = escapeUnprintable(text.slice(0, end));
   return end < text.length ? `${shown}… (${text.length} characters)` : shown;
 }
+
+/** An error's message (or the thrown value, when not an Error) on one line, as escapedText shows text from outside. */
+export function errorText(err: unknown): string {
+  return escapedText(String((err as Error)?.message ?? err));
+}

@@ -1,5 +1,5 @@
 import { createRng } from '../core/rng.js';
-import { escapedText } from '../core/shown-text.js';
+import { escapeUnprintable } from '../core/shown-text.js';
 import { DEFAULT_COST_WEIGHTS, type CostWeights } from '../core/policies/cost.js';
 import { simulate, type SimulationOptions } from './simulator.js';
 import { checkReplayable, ReplayError, type TraceRequest } from './trace.js';
@@ -165,7 +165,7 @@ function heldOutGain(r: TuneResult): string {
  */
 export function renderWeightsConfig(traceName: string, r: TuneResult): string {
   const lines = [
-    `# cost weights tuned by contextforge-router tune on ${escapedText(traceName, Infinity)}`,
+    `# cost weights tuned by contextforge-router tune on ${escapeUnprintable(traceName)}`,
     `# search: first ${r.trainRequests} requests; held-out check: last ${r.validationRequests}`,
     `# held-out mean TTFT ${r.validation.default.ttftMean.toFixed(3)} s (defaults) vs ${r.validation.tuned.ttftMean.toFixed(3)} s (tuned), p99 ${r.validation.default.ttftP99.toFixed(3)} s vs ${r.validation.tuned.ttftP99.toFixed(3)} s`,
     r.recommended === 'tuned'

@@ -10,7 +10,7 @@ import {
 import { loadTrace, namingTrace, traceFiles } from '../../sim/load-trace.js';
 import { distinctTraceBlocks } from '../../sim/trace.js';
 import { formatTable, pct } from '../format.js';
-import { escapedText, fileErrorMessage, quotedText, shownText } from '../../core/shown-text.js';
+import { escapeUnprintable, fileErrorMessage, quotedText, shownText } from '../../core/shown-text.js';
 import { parseWorkerEvents, type ScenarioOptions } from '../../sim/scenarios.js';
 import { ENGINE_DEFAULTS } from '../../engine-model/config.js';
 import {
@@ -260,7 +260,7 @@ async function writeLines(path: string, lines: Iterable<string>, output: OutputF
 export function renderTable(r: ComparisonReport): string {
   // the trace's name is a file name: its control characters escaped, it stays on its line
   const head =
-    `${escapedText(r.trace, Infinity)}: ${r.requests} requests, ${r.workers} workers, speed ×${r.speed}\n` +
+    `${escapeUnprintable(r.trace)}: ${r.requests} requests, ${r.workers} workers, speed ×${r.speed}\n` +
     `bounds: infinite-cache hit rate ${pct(r.bounds.infiniteCacheHitRate)}, ideal mean TTFT ${r.bounds.idealTtftMean.toFixed(3)} s\n\n`;
   const rows = r.policies.map((p) => [
     p.policy,

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { Decoder } from '@msgpack/msgpack';
-import { escapedText, SHOWN_CHARS } from '../../core/shown-text.js';
+import { errorText, escapedText, SHOWN_CHARS } from '../../core/shown-text.js';
 
 /**
  * vLLM KV events (vllm/distributed/kv_events.py), decoded from msgpack into one shape
@@ -630,9 +630,7 @@ function decodeEvents(
       const e =
         err instanceof KvEventFormatError
           ? err
-          : new KvEventFormatError(
-              `events[${first + i}] could not be read: ${escapedText(String((err as Error)?.message ?? err))}`,
-            );
+          : new KvEventFormatError(`events[${first + i}] could not be read: ${errorText(err)}`);
       (skipped ??= []).push({ index: first + i, reason: e.reason, message: e.message });
     }
   }

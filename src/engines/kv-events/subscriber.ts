@@ -1,6 +1,6 @@
 import { setImmediate as nextTurn } from 'node:timers/promises';
 import { context, Dealer, Subscriber, type Observer } from 'zeromq';
-import { escapedText, quotedText, shownText } from '../../core/shown-text.js';
+import { errorText, quotedText, shownText } from '../../core/shown-text.js';
 import type { KvEventApplier } from './applier.js';
 import { emptyCounts, MISMATCHES_BEFORE_GIVING_UP, NON_LOCAL_SKIP, type ApplyCounts } from './applier.js';
 import {
@@ -360,7 +360,7 @@ export class KvEventSubscriber {
       .then(fn, fn)
       .catch((err: unknown) =>
         this.logOnceAWindow('handler failed', 1, (unlogged) =>
-          moreSince(`handler failed: ${escapedText(String((err as Error)?.message ?? err))}`, unlogged, 'failures'),
+          moreSince(`handler failed: ${errorText(err)}`, unlogged, 'failures'),
         ),
       );
     return this.chain;
@@ -663,7 +663,7 @@ export class KvEventSubscriber {
         // the decoding did not foresee, and the rest of the batch is dropped, counted as malformed
         this.logMalformed(
           'batches that could not be decoded',
-          `could not decode batch ${seq} from event ${from}: ${escapedText(String((err as Error)?.message ?? err))}`,
+          `could not decode batch ${seq} from event ${from}: ${errorText(err)}`,
         );
         return;
       }
@@ -853,7 +853,7 @@ export class KvEventSubscriber {
       this.stats.replayFailures++;
       // once a window per reason (its numbers aside): an endpoint that never answers fails
       // every idle poll, for as long as it is configured
-      const why = escapedText(String((err as Error)?.message ?? err));
+      const why = errorText(err);
       this.logOnceAWindow(`replay failed: ${why.replace(/\d+/g, 'N')}`, 1, (unlogged) =>
         moreSince(`replay from ${from} failed: ${why}`, unlogged, 'replays failed for this reason'),
       );
