@@ -1,3 +1,5 @@
+import { escapeUnprintable } from '../core/shown-text.js';
+
 /**
  * The methods each of the gateway's paths is served with, so a request with another method on
  * a served path is answered 405 with an Allow header (RFC 9110 §15.5.6) rather than 404, and a
@@ -89,8 +91,13 @@ export function methodNotAllowedMessage(method: string, target: string, allowed:
     : `method ${method} is not allowed on ${shown} (allowed: ${allowed.join(', ')})`;
 }
 
-/** A header's value or a request target as an error message repeats it: cut to 64 characters. */
+/**
+ * A header's value or a request target as an error message repeats it: cut to 64 characters,
+ * and what a terminal would act on escaped. Node takes bytes 0x80–0xFF in both and reads them
+ * as Latin-1, so a client can send C1 controls (U+0085 ends a line for some log readers, U+009B
+ * starts a terminal sequence) that JSON leaves raw in an answer and a log line would carry.
+ */
 export function shownHeader(value: string | undefined): string {
   const v = value ?? '';
-  return v.length <= 64 ? v : `${v.slice(0, 64)}…`;
+  return v.length <= 64 ? escapeUnprintable(v) : `${escapeUnprintable(v.slice(0, 64))}…`;
 }

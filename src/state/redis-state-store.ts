@@ -2656,7 +2656,7 @@ export class RedisStateStore implements StateStore {
         } else if (!held) host.addWorkerFromState(record, 'registry');
         else this.replaceWorker(host, record);
       } catch (err) {
-        host.log(`state: worker '${id}' from redis not added: ${(err as Error).message}`);
+        host.log(`state: worker ${quotedText(id)} from redis not added: ${said(err)}`);
       }
     }
     // drains: the registry's word (with what this replica just wrote back); made meanwhile here, kept

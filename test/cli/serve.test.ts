@@ -523,3 +523,36 @@ test("--max-anchors is the router's bound too: up to 4096, and a request naming 
   }
   assert.equal(await exited, 0);
 });
+
+test("serve's log writes each message on one line, what a terminal acts on escaped (a worker id from Redis)", async () => {
+  const prefix = `cf-test-serve-log-line-${randomBytes(4).toString('hex')}:`;
+  // a record another writer left in the shared registry: its id holds a line break and a
+  // sequence setting the terminal's title (the router's own rule takes any well-formed text;
+  // the gateway refuses it and says so, repeating the id)
+  const id = 'w\n\u001b]0;pwned\u0007\u009b2J';
+  const redis = new Redis(REDIS_URL);
+  try {
+    await redis.hset(`${prefix}workers`, id, JSON.stringify({ id, url: 'http://127.0.0.1:1' }));
+    const started = await startServe(['--port', '0', '--state', REDIS_URL, '--state-prefix', prefix]);
+    const child = started.child;
+    let stderr = started.stderr;
+    child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+    const exited = new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+    try {
+      await until(() => /not added here/.test(stderr), 'the refused worker to be logged', { timeoutMs: 30_000 });
+      await until(() => stderr.endsWith('\n'), 'the line to end');
+    } finally {
+      child.kill('SIGTERM');
+      assert.equal(await exited, 0, stderr);
+    }
+    const line = stderr.split('\n').find((l) => l.includes('not added here'));
+    assert.match(line ?? '', /^worker 'w\\x0a\\x1b\]0;pwned\\x07\\x9b2J' from the shared registry not added here: /);
+    // eslint-disable-next-line no-control-regex -- the characters that must not reach the log raw
+    assert.doesNotMatch(stderr, /[\u0007\u001b\u009b]/);
+    // and no line starts with what followed the id's line break
+    assert.doesNotMatch(stderr, /^.?\]0;pwned/m);
+  } finally {
+    redis.disconnect();
+    await dropPrefixes([prefix]);
+  }
+});

@@ -31,8 +31,8 @@ interface RawAnswer {
   closed: boolean;
 }
 
-/** Writes `raw` on a new connection; resolves with the answer once the gateway closes it (or fails after 5 s). */
-function exchange(raw: string): Promise<RawAnswer> {
+/** Writes `raw` (in `encoding`) on a new connection; resolves with the answer once the gateway closes it (or fails after 5 s). */
+function exchange(raw: string, encoding: BufferEncoding = 'utf8'): Promise<RawAnswer> {
   return new Promise((resolve, reject) => {
     const socket = connect(port, '127.0.0.1');
     let text = '';
@@ -59,7 +59,7 @@ function exchange(raw: string): Promise<RawAnswer> {
       });
     });
     socket.on('error', () => {});
-    socket.write(raw);
+    socket.write(raw, encoding);
   });
 }
 
@@ -133,6 +133,17 @@ test('a long unknown path (or query) is not echoed whole: the 404 repeats its fi
     assert.equal(message, `no route GET ${path.slice(0, 64)}…`);
     assert.equal(param, null);
   }
+});
+
+test('bytes a terminal acts on in a header value are repeated escaped, not raw', async () => {
+  // Node takes bytes 0x80-0xFF in a header value (obs-text) and reads them as Latin-1: C1 controls,
+  // which JSON leaves raw (U+009B opens a terminal sequence, U+0085 ends a line for some readers)
+  const expect = await exchange(
+    'POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-\x9b31mgo\x85x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}',
+    'latin1',
+  );
+  assert.equal(expect.status, 417, JSON.stringify(expect));
+  assert.equal(errorOf(expect.body).message, "the expectation '100-\\x9b31mgo\\x85x' is not supported");
 });
 
 test('CONNECT gets 405 with an OpenAI error body and the connection closed, not a socket dropped unanswered', async () => {

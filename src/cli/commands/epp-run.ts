@@ -1,11 +1,12 @@
 import { startPicker } from '../../epp/run-picker.js';
+import { stderrLog } from '../log-line.js';
 import { eppTls } from './epp-tls-run.js';
 import type { EppConfig } from './serve.js';
 import { listening, startGateway } from './serve-run.js';
 
 /** `epp` with its settings resolved: the gateway and its endpoint picker, until SIGINT or SIGTERM. */
 export async function runEpp(c: EppConfig): Promise<void> {
-  const log = (m: string) => process.stderr.write(`${m}\n`);
+  const log = stderrLog();
   // before anything runs: a bad certificate stops epp with nothing left running
   const tls = eppTls(c);
   if (c.workers.length === 0 && !c.discover)

@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { rereadAdminTokenFile, resolveAdminToken, type ResolvedAdminToken } from '../../server/admin-auth.js';
 import { shownText } from '../../core/shown-text.js';
+import { stderrLog } from '../log-line.js';
 import { MAX_TIMER_MS } from '../../server/timeouts.js';
 import { closeUnansweredHandoffs } from './connection-handoff.js';
 import { ClusterRelay } from '../../state/cluster-state-store.js';
@@ -17,7 +18,7 @@ import type { ServeConfig } from './serve.js';
  * the admin token file and hands the new token to every process.
  */
 export async function runPrimary(c: ServeConfig): Promise<void> {
-  const log = (m: string) => process.stderr.write(`${m}\n`);
+  const log = stderrLog();
   cluster.setupPrimary({ serialization: 'advanced' });
   // one admin token for every process: resolved (or generated) here, inherited through the environment
   let admin = serveAdminToken(c);

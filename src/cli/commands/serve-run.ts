@@ -3,6 +3,7 @@ import { readFileSync } from 'node:fs';
 import { descriptorLimitWarning, openFileLimit } from '../../server/client-connections.js';
 import { KVAwareRouter } from '../../core/router/index.js';
 import { fileErrorMessage, quotedText } from '../../core/shown-text.js';
+import { stderrLog } from '../log-line.js';
 import { createGateway, type Gateway, type GatewayOptions } from '../../server/gateway.js';
 import { collectDefaultMetrics } from 'prom-client';
 import { registerStateMetrics } from '../../server/metrics.js';
@@ -243,7 +244,7 @@ export async function runServe(config: ServeConfig): Promise<void> {
   try {
     await serveProcess(config);
   } catch (err) {
-    process.stderr.write(`[process ${String(cluster.worker!.id)}] error: ${(err as Error).message}\n`);
+    stderrLog(`[process ${String(cluster.worker!.id)}] `)(`error: ${(err as Error).message}`);
     process.exit(1);
   }
 }
@@ -251,7 +252,7 @@ export async function runServe(config: ServeConfig): Promise<void> {
 /** One gateway process (and its endpoint picker, with --epp-port): alone, or one of `--processes N`. */
 async function serveProcess(c: ServeConfig): Promise<void> {
   const worker = cluster.isWorker ? cluster.worker! : undefined;
-  const log = (m: string) => process.stderr.write(worker ? `[process ${String(worker.id)}] ${m}\n` : `${m}\n`);
+  const log = stderrLog(worker ? `[process ${String(worker.id)}] ` : '');
   // SIGHUP re-reads the admin token file (taken from the start: its default action would end the
   // process, cutting its requests). A gateway process of --processes leaves it to the primary,
   // which hands the token to every process; one sent while this one starts is applied once it runs.
