@@ -110,3 +110,25 @@ test('simulate --trace workflows:N beyond its limit: the message names --trace a
   assert.equal(r.stderr, 'error: --trace workflows:N needs N from 1 to 10000, got 10001\n');
   assert.equal(r.stdout, '');
 });
+
+test('a --fail or --drain timed after the last request ended is said to have changed nothing', () => {
+  const args = ['simulate', '--trace', trace, '--workers', '4', '--policies', 'cost,round-robin', '--format', 'json'];
+  const quiet = cli(...args);
+  assert.equal(quiet.status, 0, quiet.stderr);
+  // the head of the trace spans minutes: 60 minutes later every request has ended
+  const late = cli(...args, '--fail', 'w1@60m', '--drain', 'w2@10s', '--drain', 'w3@59m');
+  assert.equal(late.status, 0, late.stderr);
+  const warnings = late.stderr.split('\n').filter((l) => l.startsWith('warning: '));
+  assert.equal(warnings.length, 2, late.stderr);
+  assert.match(
+    warnings[0],
+    /^warning: --fail 'w1@60m' comes after every policy's last request ended \(\d+\.\d s of simulated time\): it changed nothing$/,
+  );
+  assert.match(warnings[1], /^warning: --drain 'w3@59m' comes after /);
+  // a drain in the run's time changes what the policies did; the late failure does not
+  assert.equal(
+    JSON.stringify(JSON.parse(cli(...args, '--fail', 'w1@60m').stdout)),
+    JSON.stringify(JSON.parse(quiet.stdout)),
+  );
+  assert.notEqual(JSON.stringify(JSON.parse(late.stdout)), JSON.stringify(JSON.parse(quiet.stdout)));
+});

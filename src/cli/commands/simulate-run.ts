@@ -9,6 +9,7 @@ import {
 } from '../../sim/compare.js';
 import { loadTrace, namingTrace, traceFiles } from '../../sim/load-trace.js';
 import { distinctTraceBlocks } from '../../sim/trace.js';
+import type { PolicyResult } from '../../sim/simulator.js';
 import { formatTable, pct } from '../format.js';
 import { escapeUnprintable, fileErrorMessage, quotedText, shownText } from '../../core/shown-text.js';
 import { parseWorkerEvents, type ScenarioOptions } from '../../sim/scenarios.js';
@@ -139,8 +140,31 @@ export async function runSimulate(flags: SimulateFlags): Promise<void> {
   }
   for (const p of pending) p.commit();
   // on stderr too, so that a reader of the JSON alone is told
-  for (const w of comparisonWarnings(comparison)) process.stderr.write(`warning: ${w}\n`);
+  for (const w of [...comparisonWarnings(comparison), ...lateEventWarnings(flags, results)])
+    process.stderr.write(`warning: ${w}\n`);
   process.stdout.write(flags.format === 'json' ? `${JSON.stringify(comparison)}\n` : renderTable(comparison));
+}
+
+/**
+ * Each --fail and --drain whose time came after every policy's last request had ended: the
+ * simulation stops with its last answer, so such a worker event changed nothing, and a run that
+ * was meant to show it (a time in minutes read as seconds, a trace shorter than thought) says so
+ * rather than reporting the undisturbed fleet as if it had been disturbed.
+ */
+export function lateEventWarnings(flags: SimulateFlags, results: readonly PolicyResult[]): string[] {
+  let endMs = 0;
+  for (const r of results) for (const o of r.outcomes) endMs = Math.max(endMs, (o.arrival + o.e2e) * 1000);
+  const warnings: string[] = [];
+  for (const [flag, specs] of [
+    ['--fail', flags.fail],
+    ['--drain', flags.drain],
+  ] as const)
+    for (const spec of specs)
+      if (parseWorkerEvents([spec], flag, flags.workers)[0].atMs > endMs)
+        warnings.push(
+          `${flag} ${quotedText(spec)} comes after every policy's last request ended (${(endMs / 1000).toFixed(1)} s of simulated time): it changed nothing`,
+        );
+  return warnings;
 }
 
 /** The scenario a simulate invocation asks for (undefined when it asks for none). */
