@@ -629,6 +629,17 @@ def main():
                   ("BlockStored", {"block_hashes": [33], "parent_block_hash": -31, "token_ids": tokens[16:], "block_size": 16,
                                    "lora_id": None, "medium": "GPU", "lora_name": "sql-adapter"})]
     names.append(sglang_fixture("sglang-lora-map", "tagged_map", lora_pages, 0))
+    # SGLang's storage tiers (StorageMedium: "GPU" L1, "CPU_PINNED" L2 host memory, "DISK" L3
+    # SSD/NVMe, "EXTERNAL" L4 a shared or remote pool such as Mooncake's store): the first page on
+    # the GPU and in the external pool, the second in the external pool alone, then gone from it
+    tiers = [("BlockStored", {"block_hashes": [-41], "parent_block_hash": None, "token_ids": tokens[:16], "block_size": 16,
+                              "lora_id": None, "medium": "GPU"}),
+             ("BlockStored", {"block_hashes": [-41], "parent_block_hash": None, "token_ids": tokens[:16], "block_size": 16,
+                              "lora_id": None, "medium": "EXTERNAL"}),
+             ("BlockStored", {"block_hashes": [43], "parent_block_hash": -41, "token_ids": tokens[16:], "block_size": 16,
+                              "lora_id": None, "medium": "EXTERNAL"}),
+             ("BlockRemoved", {"block_hashes": [-41], "medium": "EXTERNAL"})]
+    names.append(sglang_fixture("sglang-external-map", "tagged_map", tiers, 0))
 
     # one bad event among good ones (hand-made: no engine sends it, a corrupt or future one might)
     bad = [["BlockStored", big, None, tokens, 16, None, "GPU", None],

@@ -665,6 +665,19 @@ describe('KV event applier on engine-encoded fixtures', () => {
     assert.equal(router.route({ tokens: prompt, lora: 'other-adapter' }, { dryRun: true }).cachedTokens, 0);
   });
 
+  test("SGLang's shared pool (medium EXTERNAL) is no cache of the worker's: its stores and removals are skipped", () => {
+    const router = router16();
+    const applier = new KvEventApplier(router);
+    const c = applier.apply('w0', decodeEventBatch(fixture('sglang-external-map')));
+    // two stores and the removal's one block on the pool skipped; the GPU page applied
+    assert.deepEqual(c.skipped, { remote_locality: 3 });
+    assert.equal(c.storedBlocks, 1);
+    // the second page, in the pool alone, is not credited; the pool's removal of the first
+    // leaves the worker's own GPU copy
+    assert.equal(router.route({ tokens: prompt }, { dryRun: true }).cachedTokens, 16);
+    assert.deepEqual(applier.copies('w0', -41n & 0xffffffffffffffffn), { gpu: 1, offload: 0 });
+  });
+
   test("vllm hash mode: a prompt's first blocks hashed otherwise than the router hashes them are skipped, not indexed", () => {
     const cases = JSON.parse(
       readFileSync(new URL('../fixtures/kv-events/vllm-block-hash.json', import.meta.url), 'utf8'),

@@ -73,7 +73,8 @@ import {
  *   per store, per block for a removal), so a remote copy is never credited to the worker and its
  *   removal never removes the worker's own copy of the block. Absent (unspecified: what every
  *   other tier sends), the event applies as before. Dynamo's router (ai-dynamo/dynamo#11571)
- *   refuses non-local events alike.
+ *   refuses non-local events alike. SGLang says it by the medium: its "EXTERNAL" tier is a shared
+ *   pool (SGLANG_SHARED_MEDIUM), skipped the same way.
  * - Bounded: a worker that reports holding more blocks than `maxTrackedBlocks` (by default the
  *   index's capacity shared among the workers, at least MIN_TRACKED_BLOCKS_PER_WORKER: see
  *   trackedBlocksBound) has its entries dropped and rebuilt from its next events
@@ -126,12 +127,26 @@ export const MAX_KV_GROUPS_PER_WORKER = 256;
  */
 export const SGLANG_HOST_MEDIUM = 'CPU_PINNED';
 
-/** The skip reason of an event on storage that is not the engine's own (a `locality` other than "LOCAL"). */
+/**
+ * The medium of SGLang's fourth tier (StorageMedium.EXTERNAL, "L4: shared / remote pool (e.g.
+ * Mooncake)", python/sglang/srt/disaggregation/kv_events.py): a pool every engine attached to it
+ * reads, no more this worker's cache than vLLM's "REMOTE" storage is; its events are skipped
+ * alike. Its third tier, "DISK" (the engine's own SSD), is the worker's offload tier as "CPU_PINNED" is.
+ */
+export const SGLANG_SHARED_MEDIUM = 'EXTERNAL';
+
+/**
+ * The skip reason of an event on storage that is not the engine's own (a `locality` other than
+ * "LOCAL", or SGLang's shared medium).
+ */
 export const NON_LOCAL_SKIP = 'remote_locality' satisfies ApplySkipReason;
 
-/** Whether an event's copy is the engine's own: its `locality` unspecified or "LOCAL" (vllm-project/vllm#48281). */
-export function isLocalCopy(e: { locality?: string }): boolean {
-  return e.locality === undefined || e.locality === 'LOCAL';
+/**
+ * Whether an event's copy is the engine's own: its `locality` unspecified or "LOCAL"
+ * (vllm-project/vllm#48281), on any medium but SGLang's shared pool (SGLANG_SHARED_MEDIUM).
+ */
+export function isLocalCopy(e: { locality?: string; medium?: string | null }): boolean {
+  return (e.locality === undefined || e.locality === 'LOCAL') && e.medium !== SGLANG_SHARED_MEDIUM;
 }
 
 /** vLLM's kv_cache_spec_kind for a group it cannot name (KVCacheSpecKind.UNKNOWN). */

@@ -2,7 +2,13 @@ import { setImmediate as nextTurn } from 'node:timers/promises';
 import { context, Dealer, Subscriber, type Observer } from 'zeromq';
 import { errorText, quotedText, shownText } from '../../core/shown-text.js';
 import type { KvEventApplier } from './applier.js';
-import { emptyCounts, MISMATCHES_BEFORE_GIVING_UP, NON_LOCAL_SKIP, type ApplyCounts } from './applier.js';
+import {
+  emptyCounts,
+  MISMATCHES_BEFORE_GIVING_UP,
+  NON_LOCAL_SKIP,
+  SGLANG_SHARED_MEDIUM,
+  type ApplyCounts,
+} from './applier.js';
 import {
   FULL_PREFIX_KINDS,
   KV_EVENT_LIMITS,
@@ -724,7 +730,8 @@ export class KvEventSubscriber {
       );
     if (nonLocalBefore === 0 && (this.stats.applied.skipped[NON_LOCAL_SKIP] ?? 0) > 0)
       this.log(
-        `worker ${worker}: its KV events report blocks on storage that is not the engine's own (a locality other than "LOCAL", such as "REMOTE": vllm-project/vllm#48281): ` +
+        `worker ${worker}: its KV events report blocks on storage that is not the engine's own (a locality other than "LOCAL", such as "REMOTE": vllm-project/vllm#48281; ` +
+          `or SGLang's medium "${SGLANG_SHARED_MEDIUM}", its shared pool): ` +
           `shared storage other engines read too is no cache of this worker's, so such stores and removals are skipped (reason ${NON_LOCAL_SKIP}); ` +
           `set locality "LOCAL" on the engine's storage tier if it is the worker's own`,
       );
@@ -732,7 +739,8 @@ export class KvEventSubscriber {
     // (releases before extra_keys hash it into the first block without sending it), the
     // algorithm and seed, or the step its hashes are chained at (vllm/v1/core/kv_cache_utils.py:
     // resolve_kv_cache_block_sizes gives get_request_block_hasher a step finer than the block for
-    // several KV cache groups, the GCD of their block sizes, or cache_config.prefix_match_unit;
+    // several KV cache groups, the GCD of their block sizes, or cache_config.prefix_match_unit,
+    // hash_block_size in some releases;
     // and one of block size times the decode-context-parallel size for one group)
     if (mismatchesBefore === 0 && this.stats.applied.hashMismatches > 0)
       this.log(
@@ -740,7 +748,7 @@ export class KvEventSubscriber {
           `such stores are skipped (reason hash_mismatch). If the engine's events carry no extra_keys (vLLM releases before they were added), a prompt sent with a cache_salt is hashed with the salt, which the event does not carry: ` +
           `its store is skipped alone, and the worker's stores are all skipped only once ${MISMATCHES_BEFORE_GIVING_UP} distinct prompts have differed with none matching (or one whose extra_keys were sent). ` +
           `Otherwise give the router the engine's --prefix-caching-hash-algo (vLLM's default is sha256) and PYTHONHASHSEED, or start the engine with --prefix-caching-hash-algo ${this.options.applier.vllmHashAlgo} and the router's PYTHONHASHSEED. ` +
-          `If those agree, the engine chains its hashes at another step than its block: vLLM does at a finer one for a hybrid model (several KV cache groups: the greatest common divisor of their block sizes) or when its cache config sets prefix_match_unit, which the router does not reproduce (serve --block-hash router keys blocks by the router's own hash of the events' token ids instead); ` +
+          `If those agree, the engine chains its hashes at another step than its block: vLLM does at a finer one for a hybrid model (several KV cache groups: the greatest common divisor of their block sizes) or when its cache config sets prefix_match_unit (hash_block_size in some releases), which the router does not reproduce (serve --block-hash router keys blocks by the router's own hash of the events' token ids instead); ` +
           `and with --decode-context-parallel-size N its step is --block-size times N: the worker's block-size must be that product`,
       );
     if (positionFreeBefore === 0 && this.stats.applied.positionFreeHashes > 0)
