@@ -431,6 +431,15 @@ const STREAM_CONVERSION_ERROR = {
 };
 
 /**
+ * The gateway's answer to a request that reaches it while it closes (pipelined behind another, or
+ * on a connection kept alive): 503 `gateway_shutdown` with `Connection: close`; nothing of it ran.
+ */
+export function answerClosing<R extends ProxyReply>(reply: R): R {
+  reply.header('connection', 'close');
+  return openAiError(reply, 503, 'the gateway is shutting down; send the request again', null, 'gateway_shutdown');
+}
+
+/**
  * The gateway's answer to a request its shutdown grace ended before any engine answered it: 503
  * `gateway_shutdown` with `Connection: close`. Nothing of an answer was written, so the client may
  * send the request again, elsewhere.

@@ -33,7 +33,7 @@ import {
 } from './body-budget.js';
 import { BodyRates, DEFAULT_MIN_BODY_RATE, DEFAULT_MIN_BODY_RATE_GRACE_MS, type WatchedBody } from './body-rate.js';
 import { CircuitBreaker } from './circuit-breaker.js';
-import { ShutdownCuts } from './forward.js';
+import { answerClosing, ShutdownCuts } from './forward.js';
 import {
   capClientConnections,
   checkMaxClientConnections,
@@ -579,6 +579,9 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   const app = Fastify({
     bodyLimit,
     logger: false,
+    // a request arriving while the gateway closes is answered by the onRequest hook below, in the
+    // OpenAI shape and counted, not with Fastify's own body
+    return503OnClosing: false,
     connectionTimeout: timeouts.connectionTimeoutMs,
     // what the HTTP layer refuses before a route runs is answered in the OpenAI shape too
     clientErrorHandler: (err, socket) =>
@@ -1072,6 +1075,10 @@ export async function createGateway(options: GatewayOptions): Promise<Gateway> {
   app.addHook('onRequest', (req, reply, done) => {
     const res = reply.raw;
     res.once('close', () => metrics.countRequest(req.routeOptions.url ?? NO_ROUTE, statusOnClose(req.raw, res)));
+    // one that reaches a closing gateway (pipelined, or on a connection kept alive) is sent
+    // elsewhere by its client or load balancer: the 503 a shutdown's unanswered requests get
+    // (Fastify has set Connection: close on it); replied here, the route never runs
+    if (closing) return void answerClosing(reply);
     done();
   });
 

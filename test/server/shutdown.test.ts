@@ -5,6 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import { connect } from 'node:net';
 import { test } from 'node:test';
 import { KVAwareRouter } from '../../src/index.js';
 import { createGateway } from '../../src/server/gateway.js';
@@ -68,6 +69,64 @@ test('close() lets a request in flight finish, answers it whole, and ends once i
     assert.match(await res.text(), /"done"/);
     // the client's connection, idle once answered, does not hold the close until its keep-alive ends
     await within(closed, 30_000, 'close() after the last answer');
+  } finally {
+    await engine.close();
+  }
+});
+
+test('close() answers a request that arrives meanwhile on an open connection 503 gateway_shutdown in the OpenAI shape, and counts it', async () => {
+  let answer: (() => void) | undefined;
+  let completions = 0;
+  const engine = await fakeEngine((req, res) => {
+    if (!completionsOnly(req, res)) return;
+    completions++;
+    req.resume();
+    req.on('end', () => {
+      answer = () =>
+        res
+          .writeHead(200, { 'content-type': 'application/json' })
+          .end(JSON.stringify({ id: 'c1', object: 'text_completion', choices: [{ index: 0, text: 'done' }] }));
+    });
+  });
+  const { gateway, base } = await gatewayTo(engine.url);
+  try {
+    // a request in flight on a connection, and another sent on it once the gateway closes
+    const body = JSON.stringify({ prompt: 'finish me', max_tokens: 4 });
+    const request = `POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`;
+    const socket = connect(Number(new URL(base).port), '127.0.0.1');
+    let text = '';
+    socket.on('data', (d: Buffer) => (text += d.toString('latin1')));
+    const ended = new Promise<void>((resolve) => socket.once('close', () => resolve()));
+    let received = 0;
+    gateway.app.server.on('request', () => received++);
+    socket.write(request);
+    await until(() => answer !== undefined, 'the engine has the first request');
+    const closed = gateway.close(120_000);
+    socket.write(request);
+    // its answer waits for the first's (answers go in order): the first is answered once the
+    // gateway has the second
+    await until(() => received === 2, 'the gateway to receive the second request');
+    answer!();
+    await within(ended, 30_000, 'the connection to close after the answers');
+    const answers = text.split(/(?=HTTP\/1\.1 )/);
+    assert.equal(answers.length, 2, text);
+    assert.match(answers[0], /^HTTP\/1\.1 200 /);
+    assert.match(answers[1], /^HTTP\/1\.1 503 /);
+    assert.match(answers[1], /\r\nconnection: close\r\n/i);
+    const error = JSON.parse(answers[1].slice(answers[1].indexOf('\r\n\r\n') + 4)).error;
+    assert.deepEqual(error, {
+      message: 'the gateway is shutting down; send the request again',
+      type: 'server_error',
+      param: null,
+      code: 'gateway_shutdown',
+    });
+    // the engine never saw it; the gateway counted it
+    assert.equal(completions, 1);
+    await within(closed, 30_000, 'close() after the last answer');
+    assert.match(
+      await gateway.metrics.metrics(),
+      /^contextforge_requests_total\{path="\/v1\/completions",status="503"\} 1$/m,
+    );
   } finally {
     await engine.close();
   }
