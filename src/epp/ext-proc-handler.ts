@@ -27,6 +27,7 @@ import {
   routingHeadersResponse,
   streamedBodyResponses,
 } from './protocol.js';
+import { isRefusedMessage } from './wire-limits.js';
 
 /** What the picker is asked: one request's headers, its body and the subset hint. */
 export interface PickInput {
@@ -402,6 +403,8 @@ export function createProcessHandler(
 
     const handle = async (req: ProcessingRequest) => {
       if (closed) return;
+      // a message over the wire limits (or not decodable) was not decoded: the stream ends naming why
+      if (isRefusedMessage(req)) return fail(req.code, req.message);
       // the response ended (its end_of_stream, or trailers): nothing of this request may follow
       if (phase === 'finished' && req.request !== undefined)
         return fail(GrpcStatus.FAILED_PRECONDITION, `${req.request} arrived after the response ended`);

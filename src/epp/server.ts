@@ -2,7 +2,8 @@ import { createServer as createNetServer, type AddressInfo, type Server as NetSe
 import { Server, ServerCredentials } from '@grpc/grpc-js';
 import { HealthImplementation } from 'grpc-health-check';
 import { createProcessHandler, type ExtProcHandlerOptions } from './ext-proc-handler.js';
-import { EXT_PROC_SERVICE, extProcService } from './proto.js';
+import { EXT_PROC_SERVICE } from './proto.js';
+import { guardedExtProcService } from './wire-limits.js';
 import { capClientConnections, DEFAULT_MAX_CLIENT_CONNECTIONS } from '../server/client-connections.js';
 import { BodyBudget } from '../server/body-budget.js';
 import { chargePartialMessages } from './partial-messages.js';
@@ -130,7 +131,9 @@ export async function startEppServer(options: EppServerOptions): Promise<EppServ
     'grpc.max_concurrent_streams': MAX_CONCURRENT_STREAMS,
     ...keepalive,
   });
-  server.addService(extProcService(), { Process: createProcessHandler(options) });
+  // each message's wire bytes are checked against the limits on fields, nesting and bytes
+  // besides the body before protobufjs decodes them (wire-limits.ts)
+  server.addService(guardedExtProcService(), { Process: createProcessHandler(options) });
   const health = new HealthImplementation({
     liveness: 'SERVING',
     ...Object.fromEntries(READINESS_SERVICES.map((s) => [s, 'NOT_SERVING'])),
