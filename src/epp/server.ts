@@ -1,9 +1,9 @@
 import { createServer as createNetServer, type AddressInfo, type Server as NetServer, type Socket } from 'node:net';
 import { Server, ServerCredentials } from '@grpc/grpc-js';
-import { HealthImplementation } from 'grpc-health-check';
 import { createProcessHandler, type ExtProcHandlerOptions } from './ext-proc-handler.js';
 import { EXT_PROC_SERVICE } from './proto.js';
 import { guardedExtProcService } from './wire-limits.js';
+import { EppHealth } from './health.js';
 import { capClientConnections, DEFAULT_MAX_CLIENT_CONNECTIONS } from '../server/client-connections.js';
 import { BodyBudget } from '../server/body-budget.js';
 import { chargePartialMessages } from './partial-messages.js';
@@ -134,7 +134,8 @@ export async function startEppServer(options: EppServerOptions): Promise<EppServ
   // each message's wire bytes are checked against the limits on fields, nesting and bytes
   // besides the body before protobufjs decodes them (wire-limits.ts)
   server.addService(guardedExtProcService(), { Process: createProcessHandler(options) });
-  const health = new HealthImplementation({
+  // the services above only: any other name is answered unknown and held nowhere (health.ts)
+  const health = new EppHealth({
     liveness: 'SERVING',
     ...Object.fromEntries(READINESS_SERVICES.map((s) => [s, 'NOT_SERVING'])),
   });

@@ -7,7 +7,15 @@ import assert from 'node:assert/strict';
 import { connect as connectHttp2 } from 'node:http2';
 import { connect, type Socket } from 'node:net';
 import { after, test } from 'node:test';
-import { credentials, loadPackageDefinition, type ChannelCredentials, type Client } from '@grpc/grpc-js';
+import { setFlagsFromString } from 'node:v8';
+import { runInNewContext } from 'node:vm';
+import {
+  credentials,
+  loadPackageDefinition,
+  type ChannelCredentials,
+  type Client,
+  type ClientReadableStream,
+} from '@grpc/grpc-js';
 import { loadSync } from '@grpc/proto-loader';
 import { protoPath as healthProtoPath } from 'grpc-health-check';
 import { PROTO_LOADER_OPTIONS } from '../../src/epp/proto.js';
@@ -132,4 +140,53 @@ test('an HTTP/2 connection with no call in flight is closed once idle', async ()
   session.once('close', () => (closed = true));
   await until(() => closed, 'the idle connection closed', { timeoutMs: 5000 });
   assert.ok(goaway, 'closed with a GOAWAY');
+});
+
+type WatchClient = Client & {
+  Watch(req: { service: string }): ClientReadableStream<{ status: string }>;
+};
+const WatchHealth = Health as unknown as new (a: string, c: ChannelCredentials, o: object) => WatchClient;
+
+/** A Watch on `port` for `service`: the statuses it received, and how it ended (once it has). */
+function watch(port: number, service: string) {
+  const client = new WatchHealth(`127.0.0.1:${port}`, credentials.createInsecure(), {
+    'grpc.use_local_subchannel_pool': 1,
+  });
+  open.push({ close: () => client.close() });
+  const call = client.Watch({ service });
+  const statuses: string[] = [];
+  let ended: number | undefined;
+  call.on('data', (m: { status: string }) => statuses.push(m.status));
+  call.on('error', (e: Error & { code: number }) => (ended = e.code));
+  call.on('status', (s: { code: number }) => (ended ??= s.code));
+  return { call, client, statuses, ended: () => ended };
+}
+
+test('Watch and Check calls for names the picker does not serve leave nothing behind', async () => {
+  setFlagsFromString('--expose-gc');
+  const gc = runInNewContext('gc') as () => void;
+  const server = await start({ healthPrefaceTimeoutMs: 60_000, healthIdleTimeoutMs: 60_000 });
+  // a name the picker does not serve: Check NOT_FOUND, Watch SERVICE_UNKNOWN and held open
+  assert.match(await probe(server.healthPort!, 'no-such-service'), /NOT_FOUND|health status unknown/);
+  const unknown = watch(server.healthPort!, 'no-such-service');
+  await until(() => unknown.statuses.length === 1, 'the first status');
+  assert.deepEqual(unknown.statuses, ['SERVICE_UNKNOWN']);
+  assert.equal(unknown.ended(), undefined, 'held open, as the health protocol asks');
+  unknown.call.cancel();
+  // distinct names of 1 MB on both ports, each Watch cancelled at its first status
+  gc();
+  const before = process.memoryUsage().heapUsed;
+  const N = 40;
+  for (let i = 0; i < N; i++) {
+    const port = i % 2 === 0 ? server.healthPort! : server.port;
+    const w = watch(port, String(i).padEnd(1 << 20, 'x'));
+    await until(() => w.statuses.length > 0 || w.ended() !== undefined, 'an answer');
+    assert.equal(w.statuses[0], 'SERVICE_UNKNOWN');
+    w.call.cancel();
+    w.client.close();
+  }
+  await new Promise((resolve) => setTimeout(resolve, 200));
+  gc();
+  const grown = process.memoryUsage().heapUsed - before;
+  assert.ok(grown < (N << 20) / 4, `${N} Watches with 1 MB names left ${(grown / 2 ** 20).toFixed(0)} MiB behind`);
 });
