@@ -238,6 +238,9 @@ export async function startEppServer(options: EppServerOptions): Promise<EppServ
       clearInterval(timer);
       stopReload?.();
       setReady(false);
+      // open Watch calls, told NOT_SERVING just now, end: tryShutdown waits for every call, and
+      // a Watch never ends on its own
+      health.shutdown();
       await new Promise<void>((resolve) => {
         // no new connections meanwhile; those open are the gRPC server's to close
         void closeListener();

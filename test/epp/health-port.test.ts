@@ -190,3 +190,16 @@ test('Watch and Check calls for names the picker does not serve leave nothing be
   const grown = process.memoryUsage().heapUsed - before;
   assert.ok(grown < (N << 20) / 4, `${N} Watches with 1 MB names left ${(grown / 2 ** 20).toFixed(0)} MiB behind`);
 });
+
+test('a Watch on the ext_proc port does not hold shutdown: it is told NOT_SERVING and ended', async () => {
+  const server = await start({ healthPrefaceTimeoutMs: 60_000, healthIdleTimeoutMs: 60_000 });
+  const readiness = watch(server.port, 'readiness');
+  const liveness = watch(server.port, 'liveness');
+  await until(() => readiness.statuses.includes('SERVING') && liveness.statuses.length > 0, 'watching');
+  const started = Date.now();
+  await server.close(4000);
+  const took = Date.now() - started;
+  assert.ok(took < 2000, `close() took ${took} ms with Watch calls open (grace 4000 ms)`);
+  await until(() => readiness.ended() !== undefined && liveness.ended() !== undefined, 'both Watch calls ended');
+  assert.equal(readiness.statuses.at(-1), 'NOT_SERVING', 'told before it ended');
+});
