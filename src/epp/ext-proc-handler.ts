@@ -607,7 +607,12 @@ export function createProcessHandler(
       startTimer(headersTimeoutMs, 'headers', 'the request headers did not arrive in time');
     // the peer gone: its body's bytes go back to the budget at once, not after the queue drains
     call.on('cancelled', () => {
-      count('cancelled');
+      // grpc-js ends a stream itself (a message over the receive limit, one it cannot read) with a
+      // status the handler never sees but as a cancellation: it is counted under that status
+      const status = statusSentByGrpc(call);
+      if (status !== undefined && !counted)
+        log(`ext_proc stream ${requestId || '-'}: ended by gRPC with ${GrpcStatus[status.code]}: ${status.details}`);
+      count(status === undefined ? 'cancelled' : (GrpcStatus[status.code]?.toLowerCase() ?? String(status.code)));
       closed = true;
       stopBodyTimer();
       charge?.release();
@@ -620,6 +625,28 @@ export function createProcessHandler(
       void queue.then(finish);
     });
   };
+}
+
+/**
+ * The status grpc-js sent on the call's HTTP/2 stream, if it sent one: undefined when the peer
+ * cancelled the stream, or when grpc-js keeps the stream otherwise than this reads it (a release
+ * that changed it; the stream then counts as cancelled, as before). The stream is private to
+ * grpc-js: a server call holds its intercepting call, which, with no interceptors, holds it.
+ */
+function statusSentByGrpc(call: object): { code: number; details: string } | undefined {
+  const stream = (call as { call?: { stream?: unknown } }).call?.stream as
+    { sentHeaders?: Record<string, unknown>; sentTrailers?: Record<string, unknown> } | undefined;
+  if (!stream) return undefined;
+  const sent = stream.sentTrailers?.['grpc-status'] !== undefined ? stream.sentTrailers : stream.sentHeaders;
+  const code = Number(sent?.['grpc-status']);
+  if (sent?.['grpc-status'] === undefined || !Number.isInteger(code)) return undefined;
+  let details = String(sent['grpc-message'] ?? '');
+  try {
+    details = decodeURI(details);
+  } catch {
+    // as sent
+  }
+  return { code, details };
 }
 
 /**

@@ -249,3 +249,19 @@ test('the wire pass counts every field at every depth, and frames varints as pro
   const sevenBytes = Buffer.from([0x92, 0x80, 0x80, 0x80, 0x80, 0x80, 0x00, 0x00, 0x00, 0x00, 0x00]);
   assert.equal(checkWire(schema, sevenBytes)?.code, GrpcStatus.INVALID_ARGUMENT);
 });
+
+test('a message over the receive limit, refused by gRPC itself, is counted under its status, not cancelled', async () => {
+  const before = { exhausted: await outcomes('resource_exhausted'), cancelled: await outcomes('cancelled') };
+  // the fleet's body limit is 16 MiB: the receive limit is that and 64 KiB
+  const out = await exchange([Buffer.alloc(17 << 20)]);
+  assert.equal(out.code, GrpcStatus.RESOURCE_EXHAUSTED, `status ${out.code} ${out.details}`);
+  await until(
+    async () => (await outcomes('resource_exhausted')) === before.exhausted + 1,
+    'the stream counted under resource_exhausted',
+  );
+  assert.equal(await outcomes('cancelled'), before.cancelled);
+  assert.ok(
+    fleet.logs.some((l) => /ended by gRPC with RESOURCE_EXHAUSTED/.test(l)),
+    'logged with its status',
+  );
+});
