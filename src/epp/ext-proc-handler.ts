@@ -457,7 +457,8 @@ export function createProcessHandler(
                 GrpcStatus.FAILED_PRECONDITION,
                 'request_body arrived after the request ended with its headers',
               );
-            // a mode where the body follows our header answer: it passes unchanged
+            // a mode where the body follows our header answer: it passes unchanged, up to its end
+            if (req.request_body?.end_of_stream) bodyEnded = true;
             return send(continueResponse('request_body'));
           }
           if (phase !== 'body')
@@ -485,11 +486,9 @@ export function createProcessHandler(
           // trailers end a body still coming; after its end (or headers that ended the request) none follow
           if (phase === 'routed' && (bodyEnded || headersOnly))
             return fail(GrpcStatus.FAILED_PRECONDITION, 'request_trailers arrived after the body ended');
-          if (phase === 'body') {
-            bodyEnded = true;
-            // trailers end the body instead of an end_of_stream chunk
-            await route(received.take(), false);
-          }
+          // trailers end the body instead of an end_of_stream chunk (also one that follows our header answer)
+          bodyEnded = true;
+          if (phase === 'body') await route(received.take(), false);
           if (!closed) await send({ request_trailers: {} });
           return;
         }

@@ -112,3 +112,65 @@ test('an unchanged body in these modes passes as it came, every answer changing 
     assert.equal(out.contentLength, Buffer.byteLength(body), mode);
   }
 });
+
+/** Writes `messages` on one stream and resolves to its answers and status once the picker ends it. */
+function ended(
+  messages: ProcessingRequest[],
+): Promise<{ answers: ProcessingResponse[]; code: number; details: string }> {
+  const call = client.Process();
+  const answers: ProcessingResponse[] = [];
+  call.on('data', (m: ProcessingResponse) => answers.push(m));
+  return new Promise((resolve, reject) => {
+    const deadline = setTimeout(() => {
+      call.cancel();
+      reject(new Error('the picker did not end the stream within 10 s'));
+    }, 10_000);
+    const done = (code: number, details: string) => {
+      clearTimeout(deadline);
+      resolve({ answers, code, details });
+    };
+    call.on('error', (e: Error & { code: number; details: string }) => done(e.code, e.details));
+    call.on('status', (s: { code: number; details: string }) => {
+      if (s.code === GrpcStatus.OK) done(s.code, s.details);
+    });
+    call.on('end', () => {});
+    for (const m of messages) call.write(m);
+  });
+}
+
+test('in the modes whose body follows the header answer, a body message after the body ended ends the stream', async () => {
+  const body = (text: string, end: boolean): ProcessingRequest => ({
+    request_body: { body: Buffer.from(text), end_of_stream: end },
+  });
+  const trailers: ProcessingRequest = { request_trailers: { trailers: headers({}) } };
+  for (const mode of ['BUFFERED', 'STREAMED', 'BUFFERED_PARTIAL'] as const) {
+    // routed on the headers: Envoy sends the body once it has the header answer
+    const first: ProcessingRequest = {
+      request_headers: { headers: headers({ ':method': 'POST', ':path': '/v1/completions' }), end_of_stream: false },
+      protocol_config: { request_body_mode: mode, response_body_mode: mode },
+    };
+    const cases: Array<[string, ProcessingRequest[], RegExp]> = [
+      [
+        'a body after end_of_stream',
+        [first, body('{}', true), body('more', false)],
+        /request_body arrived after the body ended/,
+      ],
+      [
+        'a body after the trailers',
+        [first, body('{', false), trailers, body('}', true)],
+        /request_body arrived after the body ended/,
+      ],
+      [
+        'trailers after end_of_stream',
+        [first, body('{}', true), trailers],
+        /request_trailers arrived after the body ended/,
+      ],
+    ];
+    for (const [name, messages, details] of cases) {
+      const out = await ended(messages);
+      assert.equal(out.code, GrpcStatus.FAILED_PRECONDITION, `${mode}, ${name}: status ${out.code} ${out.details}`);
+      assert.match(out.details, details, `${mode}, ${name}`);
+      assert.equal(out.answers[0]?.response, 'request_headers', `${mode}, ${name}: routed first`);
+    }
+  }
+});
