@@ -71,6 +71,13 @@ export class EngineModel {
   private stepEnd = Number.NaN;
   private stepDecodeSteps = 0;
   private stepPreempted: EngineRequest[] = [];
+  /** The run of decode steps under way: its start, busyMs before it, and its steps' terms (cutRun). */
+  private runStart = 0;
+  private runBusyBefore = 0;
+  private runBatch = 0;
+  private runContext = 0;
+  private runLinear = 0;
+  private runPerContext = 0;
 
   constructor(
     config: Partial<EngineConfig> & { blockTokens: number },
@@ -198,6 +205,33 @@ export class EngineModel {
     this.busyMs += duration;
     this.stepEnd = now + duration;
     return this.stepEnd;
+  }
+
+  /**
+   * Ends the run of decode steps under way with the first of its steps to end at or after
+   * `now`, and returns that step's end: something that changes the batch (a new request, a
+   * request dropped) reached the engine, which a real engine takes in at its next step, not
+   * after the steps the run scheduled beyond it. A single step is left as it is. Blocks the
+   * run took for its later steps stay with their requests, which need them at their next steps.
+   */
+  cutRun(now: number): number {
+    if (Number.isNaN(this.stepEnd)) throw new Error('cutRun: no step under way');
+    const steps = this.stepDecodeSteps;
+    if (steps <= 1 || now >= this.stepEnd) return this.stepEnd;
+    // the same sums as scheduleDecodeRun: a run cut to k steps ends where a run of k steps ends
+    let t = this.runStart;
+    let k = 0;
+    while (k < steps) {
+      t += this.runLinear + (this.runContext + (k + 1) * this.runBatch) * this.runPerContext;
+      k++;
+      if (t >= now) break;
+    }
+    if (k === steps) return this.stepEnd;
+    for (const job of this.running) if (job.scheduled > 0) job.scheduled = k;
+    this.stepDecodeSteps = k;
+    this.busyMs = this.runBusyBefore + (t - this.runStart);
+    this.stepEnd = t;
+    return t;
   }
 
   /** Applies the outputs of the step under way: KV computed, tokens out, finished requests freed. */
@@ -442,6 +476,12 @@ export class EngineModel {
       job.scheduled = steps;
     }
     this.stepDecodeSteps = steps;
+    this.runStart = now;
+    this.runBusyBefore = this.busyMs;
+    this.runBatch = batch;
+    this.runContext = context;
+    this.runLinear = linear;
+    this.runPerContext = perContext;
     this.busyMs += t - now;
     this.stepEnd = t;
     return t;

@@ -153,6 +153,8 @@ interface SimEvent {
   stored?: number[];
   removed?: number[];
   run?: () => void;
+  /** Index in the queue's heap while queued (for moveEarlier). */
+  pos?: number;
 }
 
 /** Min-heap on (time, kind, seq): deterministic order for equal times. */
@@ -165,15 +167,8 @@ class EventQueue {
     return this.items[0];
   }
   push(e: SimEvent): void {
-    const a = this.items;
-    a.push(e);
-    let i = a.length - 1;
-    while (i > 0) {
-      const p = (i - 1) >> 1;
-      if (!before(a[i], a[p])) break;
-      [a[i], a[p]] = [a[p], a[i]];
-      i = p;
-    }
+    this.items.push(e);
+    this.up(this.items.length - 1);
   }
   pop(): SimEvent | undefined {
     const a = this.items;
@@ -182,6 +177,7 @@ class EventQueue {
     const last = a.pop()!;
     if (a.length > 0) {
       a[0] = last;
+      last.pos = 0;
       let i = 0;
       for (;;) {
         const l = 2 * i + 1;
@@ -190,11 +186,37 @@ class EventQueue {
         if (l < a.length && before(a[l], a[m])) m = l;
         if (r < a.length && before(a[r], a[m])) m = r;
         if (m === i) break;
-        [a[i], a[m]] = [a[m], a[i]];
+        this.swap(i, m);
         i = m;
       }
     }
+    top.pos = undefined;
     return top;
+  }
+  /** Brings a queued event forward to `time` (no later than its own). */
+  moveEarlier(e: SimEvent, time: number): void {
+    if (e.pos === undefined || this.items[e.pos] !== e || time > e.time)
+      throw new Error('moveEarlier: not queued, or later');
+    e.time = time;
+    this.up(e.pos);
+  }
+  private up(i: number): void {
+    const a = this.items;
+    a[i].pos = i;
+    while (i > 0) {
+      const p = (i - 1) >> 1;
+      if (!before(a[i], a[p])) break;
+      this.swap(i, p);
+      i = p;
+    }
+  }
+  private swap(i: number, j: number): void {
+    const a = this.items;
+    const x = a[i];
+    a[i] = a[j];
+    a[j] = x;
+    a[i].pos = i;
+    x.pos = j;
   }
 }
 function before(x: SimEvent, y: SimEvent): boolean {
@@ -298,6 +320,8 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
       ),
   );
   const stepping = new Array<boolean>(n).fill(false);
+  /** Each worker's queued KIND_STEP_END, while it steps. */
+  const stepEvents = new Array<SimEvent | undefined>(n);
   const dead = new Array<boolean>(n).fill(false);
   const scenarioRandom = createRng(((scenario.seed ?? 1) * 104_729 + 3) >>> 0);
   const cancelRate = scenario.cancelRate ?? 0;
@@ -340,12 +364,27 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
   let nextArrival = 0;
 
   const startStep = (w: number) => {
-    // a run of decode steps stops at the next arrival or scrape, which may change the batch
+    // a run of decode steps stops at the next arrival or scrape, which may change the batch;
+    // whatever else reaches the engine during the run cuts it short (interrupt, below)
     const nextScrape = (Math.floor(now / scrapeInterval) + 1) * scrapeInterval;
     const until = Math.min(nextScrape, nextArrival < trace.length ? arrivalOf(trace[nextArrival]) : Infinity);
     const end = engines[w].startStep(now, until);
     stepping[w] = true;
-    queue.push({ time: end, seq: seq++, kind: KIND_STEP_END, worker: w });
+    const e: SimEvent = { time: end, seq: seq++, kind: KIND_STEP_END, worker: w };
+    stepEvents[w] = e;
+    queue.push(e);
+  };
+
+  /**
+   * A request reached the engine, or left it, during its step: a run of decode steps ends with
+   * the step under way, as a real engine takes the change at its next step (a closed-loop turn,
+   * a retry or a cancellation comes between the trace's arrivals, which bound the runs).
+   */
+  const interrupt = (w: number) => {
+    const e = stepEvents[w];
+    if (!stepping[w] || e === undefined) return;
+    const end = engines[w].cutRun(now);
+    if (end < e.time) queue.moveEarlier(e, end);
   };
 
   /** KV events of the step that just ended (its evictions and the blocks it computed) leave now. */
@@ -450,6 +489,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     });
     engines[w].enqueue(engineReq);
     if (!stepping[w]) startStep(w);
+    else interrupt(w);
   };
 
   const record = (id: number, s: Live, status?: RequestOutcome['status']) => {
@@ -471,6 +511,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     if (!s) return;
     live.delete(id);
     engines[s.worker].cancel(id);
+    interrupt(s.worker);
     router.release(s.replica, s.ticket, s.shared);
     cancelled++;
     if (s.started) record(id, s, 'cancelled');
@@ -589,6 +630,7 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
         ended(request.id);
       }
       stepping[w] = false;
+      stepEvents[w] = undefined;
       if (!engines[w].idle) startStep(w);
     } else if (top.kind === KIND_DELIVER) {
       deliver(top);

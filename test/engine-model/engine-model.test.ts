@@ -192,6 +192,32 @@ describe('engine model timelines', () => {
     assert.equal(e.preemptions, 1);
   });
 
+  test('cutRun ends a run of decode steps with the step under way, where a run of that many steps ends', () => {
+    const e = new EngineModel(TOY);
+    e.enqueue(req(1, [1, 2, 3], 300, 100));
+    // the prefill step (0–30 ms) is a single step: nothing to cut
+    assert.equal(e.startStep(0, Infinity), 30);
+    assert.equal(e.cutRun(5), 30);
+    e.finishStep();
+    // 99 decode steps of 10 ms in one run; something reaches the engine at 45 ms: the run ends at 50
+    assert.equal(e.startStep(30, Infinity), 1020);
+    assert.equal(e.cutRun(45), 50);
+    assert.equal(e.cutRun(45), 50, 'cut once, the run is a run of 2 steps');
+    const s = e.finishStep();
+    assert.deepEqual(
+      s.decoded.map((d) => d.tokens),
+      [2],
+    );
+    assert.equal(e.busyMs, 50);
+    // the rest runs on from there, to the same end as the uncut run
+    assert.equal(e.startStep(50, Infinity), 1020);
+    assert.equal(e.cutRun(1020), 1020, 'at or past its end: left as it is');
+    assert.equal(e.finishStep().finished.length, 1);
+    assert.equal(e.busyMs, 1020);
+    assert.equal(e.kvUsage, 0);
+    assert.throws(() => e.cutRun(0), /no step under way/);
+  });
+
   test("context limit: vLLM's refusals, capped by the KV capacity", () => {
     const e = new EngineModel({ ...TOY, kvTokens: 1000 });
     assert.equal(e.maxModelLen, 1000);

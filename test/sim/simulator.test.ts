@@ -3,7 +3,7 @@ import { fileURLToPath } from 'node:url';
 import { describe, test } from 'node:test';
 import { comparePolicies } from '../../src/sim/compare.js';
 import { simulate } from '../../src/sim/simulator.js';
-import { loadMooncakeTrace } from '../../src/sim/trace.js';
+import { loadMooncakeTrace, type TraceRequest } from '../../src/sim/trace.js';
 
 const head = await loadMooncakeTrace(
   fileURLToPath(new URL('../fixtures/mooncake-conversation-head300.jsonl', import.meta.url)),
@@ -142,4 +142,44 @@ test('onRoute reports what every engine held of each prompt when it was routed',
   );
   // the second found its 4-block prefix where it went: the engine reports it at admission too
   assert.equal(seen[1].heldTokens[seen[1].worker], r.outcomes.find((o) => o.request === 1)!.cachedTokens);
+});
+
+test('a request reaching a worker between trace arrivals starts at its next step, not after its run of decode steps', () => {
+  // worker 0 decodes a 4,000-token answer alone: with no arrival and no scrape (every 10 s) to
+  // stop them, its decode steps run on in one go; requests reach it in between
+  const req = (index: number, timestamp: number, inputLength: number, sessionId?: string): TraceRequest => ({
+    index,
+    timestamp,
+    inputLength,
+    outputLength: index === 0 ? 4000 : 8,
+    hashIds: Array.from({ length: Math.ceil(inputLength / 16) }, (_, i) => index * 100_000 + i),
+    blockSize: 16,
+    ...(sessionId === undefined ? {} : { sessionId }),
+  });
+  const at = (r: ReturnType<typeof simulate>, i: number) => r.outcomes.find((o) => o.request === i)!;
+  // closed loop: session a's first turn runs on worker 1 (round-robin), its second is sent when
+  // it ends, to worker 0 in the middle of its run
+  const closed = simulate([req(0, 0, 512), req(1, 1, 512, 'a'), req(2, 2, 512, 'a')], {
+    workers: 2,
+    policy: 'round-robin',
+    scrapeIntervalMs: 10_000,
+    scenario: { closedLoop: true },
+  });
+  assert.equal(at(closed, 2).worker, 0);
+  assert.ok(Math.abs(at(closed, 2).arrival - (at(closed, 1).arrival + at(closed, 1).e2e)) < 1e-9);
+  // its 512-token prefill and a decode step of worker 0 take tens of ms; the run went on for seconds
+  assert.ok(at(closed, 2).ttft < 0.1, `ttft ${at(closed, 2).ttft} s`);
+  // a retry: worker 1 fails before the first token of a long prompt, which goes to worker 0
+  const retried = simulate([req(0, 0, 512), req(1, 1, 8000)], {
+    workers: 2,
+    policy: 'round-robin',
+    scrapeIntervalMs: 10_000,
+    scenario: { fail: [{ atMs: 100, worker: 1 }] },
+  });
+  assert.equal(retried.retried, 1);
+  assert.equal(at(retried, 1).worker, 0);
+  // arrived at 1 ms, sent again at 100 ms: its prefill of 8,000 tokens takes about half a second
+  assert.ok(at(retried, 1).ttft < 1, `ttft ${at(retried, 1).ttft} s`);
+  // the long answer is the same either way, give or take the steps it shared
+  assert.ok(Math.abs(at(closed, 0).e2e - at(retried, 0).e2e) < 1);
 });
