@@ -102,6 +102,9 @@ const DATABASE_RETRY_MIN_MS = 1000;
  */
 const RESYNC_RETRY_MIN_MS = 1000;
 
+/** A connection up less than this before its put-off reconnection was due is not dropped for coming early (timers' leeway). */
+const RECONNECT_EARLY_MS = 20;
+
 /**
  * The write-back after an outage goes in chunks of at most this many commands and bytes of
  * arguments, each one pipeline awaited before the next: one pipeline of all of it (up to
@@ -728,8 +731,12 @@ export class RedisStateStore implements StateStore {
   /** While attach() waits on the first resynchronisation: a refusal then fails the start rather than being retried. */
   private starting = true;
   private timer: NodeJS.Timeout | undefined;
-  /** The reconnection after a refused database or a failed resynchronisation, while it waits (see DATABASE_RETRY_MIN_MS, RESYNC_RETRY_MIN_MS). */
-  private databaseRetry: NodeJS.Timeout | undefined;
+  /**
+   * The command connection is not made again before this time (Date.now()): a reconnection put
+   * off after a refused database or a failed resynchronisation (reconnectLater(); see
+   * DATABASE_RETRY_MIN_MS, RESYNC_RETRY_MIN_MS).
+   */
+  private reconnectAt = 0;
   private databaseBackoffMs = DATABASE_RETRY_MIN_MS;
   private resyncBackoffMs = RESYNC_RETRY_MIN_MS;
   /** Failed resynchronisations in a row, and when the last line about one was logged and how many came since (resyncFailed()). */
@@ -973,6 +980,8 @@ export class RedisStateStore implements StateStore {
     // commands fail at once while disconnected instead of queueing behind a dead server
     this.cmd = new Redis({
       ...common,
+      // and no sooner than a reconnection put off after a failure asks (reconnectLater())
+      retryStrategy: (attempt) => Math.max(Math.min(100 * attempt, 1000), this.reconnectAt - Date.now()),
       enableOfflineQueue: false,
       connectionName: `contextforge-${this.replicaId}`,
       reconnectOnError: (err) => this.reconnectIfReadOnly(err),
@@ -1617,7 +1626,6 @@ export class RedisStateStore implements StateStore {
     this.closed = true;
     clearInterval(this.timer);
     this.loopClock.stop();
-    clearTimeout(this.databaseRetry);
     if (this.up)
       await this.cmd
         .multi()
@@ -2056,6 +2064,9 @@ export class RedisStateStore implements StateStore {
 
   private async cameUp(): Promise<void> {
     if (this.closed || !this.host) return;
+    // made by ioredis before the reconnection put off after a failure is due (it had lost the
+    // connection already and set its own delay): made again then (reconnectLater())
+    if (this.reconnectAt - Date.now() > RECONNECT_EARLY_MS) return this.dropConnection();
     const first = this.counters.resyncs === 0;
     const connection = ++this.connectionsUp;
     this.readOnlyReconnecting = false;
@@ -2158,17 +2169,29 @@ export class RedisStateStore implements StateStore {
   /**
    * Drops the connection (a refused database, a failed resynchronisation) and makes the next one
    * after `delay`; `next` is given the delay after that, doubled up to READONLY_RETRY_MAX_MS.
+   *
+   * The reconnection is ioredis's own, put off by the retry strategy until `reconnectAt`: it
+   * follows the connection's close whenever that comes, and is retried as after any drop. (A
+   * timer of the store's calling connect() after `delay` found the connection still open when
+   * the path to Redis was silent — ioredis waits its disconnect timeout for the server's side of
+   * the close — was refused, and the store never reconnected.) The socket is destroyed at once,
+   * nothing waits on a server that does not answer. A connection already lost has its
+   * reconnection set by ioredis at its own pace; one made before `reconnectAt` is dropped as it
+   * comes up (cameUp()), and made again after.
    */
   private reconnectLater(delay: number, next: (ms: number) => void): void {
     next(Math.min(2 * delay, READONLY_RETRY_MAX_MS));
-    this.cmd.disconnect(); // no reconnection of ioredis's own: the timer makes it
-    clearTimeout(this.databaseRetry);
-    this.databaseRetry = setTimeout(() => {
-      this.databaseRetry = undefined;
-      // a connection that fails is retried by ioredis from here on, as after any drop
-      if (!this.closed) this.cmd.connect().catch(() => {});
-    }, delay);
-    this.databaseRetry.unref();
+    this.reconnectAt = Date.now() + delay;
+    this.dropConnection();
+  }
+
+  /** Closes the command connection at once, for ioredis to make it again (see reconnectLater()). */
+  private dropConnection(): void {
+    const status = this.cmd.status;
+    if (status !== 'connecting' && status !== 'connect' && status !== 'ready') return;
+    this.cmd.disconnect(true);
+    // (its 'close' is ioredis's cue to reconnect: a socket ended and not destroyed would wait for the server's FIN)
+    this.cmd.stream.destroy();
   }
 
   /**
