@@ -130,6 +130,14 @@ const WRITE_BACK_TRIES = 5;
 const HEARTBEAT_AHEAD_MS = 60_000;
 
 /**
+ * Heartbeats read from `{prefix}replicas` at each load sync, the newest: this replica's own and
+ * as many others as are tallied (MAX_REMOTE_REPLICAS). The set is anyone's to fill (20,000
+ * members dated ahead made every sync's reply megabytes, and the replicas' answers seconds); the
+ * load of a replica past the newest this many is not seen (logged once).
+ */
+const REPLICAS_READ = MAX_REMOTE_REPLICAS + 1;
+
+/**
  * The least time a replica's heartbeat counts (10 load syncs when they are further apart): the
  * others drop a replica, and its load, only after this long without one. A replica whose event
  * loop is held for a second or two (a burst, a collection), or that sat out a short Redis stall
@@ -789,6 +797,8 @@ export class RedisStateStore implements StateStore {
   private connectionsUp = 0;
   /** A write-back after Redis lost its data, while it runs. */
   private rewriting = false;
+  /** Whether a replica set holding more heartbeats than are read (REPLICAS_READ) was logged (once). */
+  private loggedManyReplicas = false;
   /** Whether a block entry longer than any replica writes was logged (once, then only counted). */
   private loggedOversizeChains = false;
   /** The keys found holding another kind of value, logged once each (replaceWrongKind()). */
@@ -2786,7 +2796,8 @@ export class RedisStateStore implements StateStore {
           .zadd(this.key('replicas'), String(now), this.replicaId)
           .zremrangebyscore(this.key('replicas'), '-inf', now - ttl)
           .zremrangebyscore(this.key('replicas'), `(${ahead}`, '+inf')
-          .zrange(this.key('replicas'), '0', '-1')
+          // the newest heartbeats only, and one more to tell a set past them
+          .zrange(this.key('replicas'), String(-(REPLICAS_READ + 1)), '-1')
           // the epoch: written afresh where Redis lost it, read to compare with the one known
           .set(this.key('epoch'), randomBytes(8).toString('hex'), 'NX')
           .get(this.key('epoch'))
@@ -2824,7 +2835,15 @@ export class RedisStateStore implements StateStore {
       // a primary took the heartbeat: a later READONLY is a new failover, reconnected at once
       this.readOnlyRetryAt = 0;
       this.readOnlyBackoffMs = READONLY_RETRY_MIN_MS;
-      const replicas = ((res[3]?.[1] as string[] | undefined) ?? []).filter((r) => r !== this.replicaId);
+      // oldest first: past the bound, those dropped are the oldest heartbeats
+      const members = (res[3]?.[1] as string[] | undefined) ?? [];
+      if (members.length > REPLICAS_READ && !this.loggedManyReplicas) {
+        this.loggedManyReplicas = true;
+        this.host.log(
+          `state: ${this.key('replicas')} holds more than ${REPLICAS_READ} heartbeats within their window; only the newest ${REPLICAS_READ} are read, and the load of the replicas past them is not counted here (garbage in the set, or a fleet past ${MAX_REMOTE_REPLICAS} replicas); said once`,
+        );
+      }
+      const replicas = members.filter((r) => r !== this.replicaId).slice(-MAX_REMOTE_REPLICAS);
       this.counters.replicasSeen = replicas.length + 1;
       // replicas that stopped heartbeating: their requests are gone with them
       let changed = this.remote.retain(new Set(replicas));

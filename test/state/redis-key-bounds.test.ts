@@ -1,0 +1,42 @@
+/**
+ * What a replica reads of the fleet's keys at every load sync and resynchronisation is bounded,
+ * whatever the keys hold: anything that can write under the prefix can fill them.
+ */
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { KVAwareRouter } from '../../src/core/router/index.js';
+import { RedisStateStore } from '../../src/state/redis-state-store.js';
+import { MAX_REMOTE_REPLICAS } from '../../src/state/remote-load.js';
+import { REDIS_URL } from '../helpers/redis-routers.js';
+import { fixedWorkersHost, sharedStateScope } from '../helpers/state-host.js';
+import { until } from '../helpers/wait.js';
+
+const { prefixes, stores, redis } = sharedStateScope('key-bounds');
+
+/** A replica with worker `e0`, under `prefix`. */
+async function replica(id: string, prefix: string) {
+  const router = new KVAwareRouter({ blockSize: 16 });
+  const { host, logs } = fixedWorkersHost(router, ['e0']);
+  const store = new RedisStateStore({ url: REDIS_URL, prefix, replicaId: id, syncIntervalMs: 20 });
+  stores.push(store);
+  await store.attach(host);
+  return { router, store, logs };
+}
+
+test('a replica set of 20,000 heartbeats is read only as far as the replicas tallied', async () => {
+  const prefix = prefixes.fresh();
+  // dated half a minute ahead: within the window, and newer than any replica's own
+  const at = String(Date.now() + 30_000);
+  for (let from = 0; from < 20_000; from += 5000) {
+    const args: string[] = [];
+    for (let i = from; i < from + 5000; i++) args.push(at, `fake-${i}`);
+    await redis.zadd(`${prefix}replicas`, ...args);
+  }
+  const a = await replica('A', prefix);
+  const syncs = () => a.store.stats().replicasSeen as number;
+  await until(() => syncs() > 1, "A's load sync to read the set");
+  assert.ok(syncs() <= MAX_REMOTE_REPLICAS + 1, `read ${syncs()} heartbeats`);
+  assert.equal(a.store.stats().remoteLoadRefused, 0);
+  const said = a.logs.filter((l) => l.includes(`${prefix}replicas holds more than`));
+  assert.equal(said.length, 1, a.logs.join('\n'));
+});
