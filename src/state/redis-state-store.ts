@@ -517,6 +517,24 @@ for i, key in ipairs(KEYS) do
 end
 return out`;
 
+/**
+ * Reads the epoch marker KEYS[1] as GET would, bounded: a value longer than ARGV[1] bytes is
+ * answered as its length, not its value (asked first, STRLEN, so it is never copied); a key
+ * holding another kind of value is answered with Redis's refusal (WRONGTYPE). An ACL user without
+ * STRLEN has the value read whole, as before.
+ */
+const READ_EPOCH = `local n = redis.pcall('STRLEN', KEYS[1])
+if type(n) == 'number' and n > tonumber(ARGV[1]) then return n end
+return redis.pcall('GET', KEYS[1])`;
+
+/**
+ * The longest epoch marker read: replicas write 16 hex digits. `{prefix}epoch` is read at every
+ * load sync (100 ms); a value of 10 MB written there made each sync's reply take the command
+ * connection for the others' commands, and every replica stalled on it. A longer one is no
+ * epoch marker: deleted, and written anew (as a lost one), logged once.
+ */
+const EPOCH_MAX_BYTES = 256;
+
 /** Bytes of block entries one READ_CHAINS reply holds at most (past its last entry, which may reach maxMessageBytes()). */
 const CHAIN_READ_BYTES = 16 * 1024 * 1024;
 
@@ -1738,6 +1756,11 @@ export class RedisStateStore implements StateStore {
     await this.cmd.del(name);
   }
 
+  /** `{prefix}epoch` holds `bytes` bytes, longer than any epoch marker (EPOCH_MAX_BYTES): deleted, for the next sync to write it anew. */
+  private replaceEpoch(bytes: number): Promise<void> {
+    return this.replaceWrongKind('epoch', `a value of ${bytes} bytes, no epoch marker (at most ${EPOCH_MAX_BYTES})`);
+  }
+
   private subscribe(): void {
     this.sub.subscribe(this.channel).then(
       () => {
@@ -2488,7 +2511,7 @@ export class RedisStateStore implements StateStore {
       this.cmd
         .pipeline()
         .set(this.key('epoch'), randomBytes(8).toString('hex'), 'NX')
-        .get(this.key('epoch'))
+        .eval(READ_EPOCH, 1, this.key('epoch'), String(EPOCH_MAX_BYTES))
         .info('server'),
       'the epoch read',
       // INFO refused (an ACL without it, a renamed command): the server's run is unknown, and
@@ -2496,6 +2519,11 @@ export class RedisStateStore implements StateStore {
       (err) => isWrongKind(err) || /^(NOPERM|ERR unknown command)/.test(err.message),
     );
     if (res[1]?.[0] === null && typeof res[1][1] === 'string') this.epoch = res[1][1];
+    else if (res[1]?.[0] === null && typeof res[1][1] === 'number') {
+      // no epoch marker: replaced, and the next load sync reads the new one (nothing skipped till then)
+      await this.replaceEpoch(res[1][1]);
+      this.epoch = undefined;
+    }
     const info = res[2]?.[0] === null && typeof res[2][1] === 'string' ? res[2][1] : '';
     const run = /^run_id:([0-9a-f]+)\r?$/m.exec(info)?.[1];
     this.writtenMark = this.epoch !== undefined && run !== undefined ? `${this.epoch}/${run}` : undefined;
@@ -2800,7 +2828,7 @@ export class RedisStateStore implements StateStore {
           .zrange(this.key('replicas'), String(-(REPLICAS_READ + 1)), '-1')
           // the epoch: written afresh where Redis lost it, read to compare with the one known
           .set(this.key('epoch'), randomBytes(8).toString('hex'), 'NX')
-          .get(this.key('epoch'))
+          .eval(READ_EPOCH, 1, this.key('epoch'), String(EPOCH_MAX_BYTES))
           // the kinds of the registry's keys and the workflows' index (a no-op on the right
           // kind, WRONGTYPE on another: no field is empty, and no range ends before it starts)
           .hdel(this.key('workers'), '')
@@ -2817,6 +2845,8 @@ export class RedisStateStore implements StateStore {
       // the fleet's own key holds another kind of value: deleted, rewritten by the next sync
       if (res.slice(0, 4).some(([err]) => isWrongKind(err))) return await this.replaceWrongKind('replicas');
       if (isWrongKind(res[5]?.[0])) return await this.replaceWrongKind('epoch');
+      // longer than any epoch marker: replaced, and the next sync writes a new one (a loss told as any)
+      if (res[5]?.[0] === null && typeof res[5][1] === 'number') return await this.replaceEpoch(res[5][1]);
       const wrong = (['workers', 'removed', 'draining', 'workflows'] as const).filter((_, i) =>
         isWrongKind(res[6 + i]?.[0]),
       );

@@ -40,3 +40,20 @@ test('a replica set of 20,000 heartbeats is read only as far as the replicas tal
   const said = a.logs.filter((l) => l.includes(`${prefix}replicas holds more than`));
   assert.equal(said.length, 1, a.logs.join('\n'));
 });
+
+test('an epoch marker of 10 MB is not read: replaced as no marker, and the loss told as any', async () => {
+  const prefix = prefixes.fresh();
+  const huge = 'A'.repeat(10_000_000);
+  await redis.set(`${prefix}epoch`, huge);
+  const a = await replica('A', prefix);
+  assert.equal(a.store.stats().connected, true);
+  const short = async () => ((await redis.get(`${prefix}epoch`)) ?? '').length <= 256;
+  await until(short, 'the epoch to be written anew');
+  // written there again while A runs: its load sync replaces it, and A writes its state back
+  const lost = a.store.stats().stateLost as number;
+  await redis.set(`${prefix}epoch`, huge);
+  await until(async () => (a.store.stats().stateLost as number) > lost && (await short()), 'the loss to be told');
+  assert.equal(a.store.stats().connected, true);
+  const said = a.logs.filter((l) => l.includes(`${prefix}epoch in redis holds a value of 10000000 bytes`));
+  assert.equal(said.length, 1, a.logs.join('\n'));
+});
