@@ -493,8 +493,9 @@ return written`;
 const CHAINS_PER_READ = 100;
 
 /**
- * Reads block entries KEYS[…] as MGET would, bounded: an entry longer than ARGV[1] bytes (longer
- * than any decision message a replica sends, maxMessageBytes()) is answered as its length, not
+ * Reads block entries KEYS[…] as MGET would (workflows' `wf:` values too, readWorkflows()),
+ * bounded: an entry longer than ARGV[1] bytes (longer than any decision message a replica sends,
+ * maxMessageBytes(); WORKFLOW_VALUE_MAX_BYTES for workflows) is answered as its length, not
  * its value, and no more entries are read once the values answered pass ARGV[2] bytes (the reply
  * then holds fewer answers than keys; at least one). A key absent, or holding another kind of
  * value, is answered nil. An entry's length is asked first (STRLEN), so an oversize one is never
@@ -537,6 +538,16 @@ const EPOCH_MAX_BYTES = 256;
 
 /** Bytes of block entries one READ_CHAINS reply holds at most (past its last entry, which may reach maxMessageBytes()). */
 const CHAIN_READ_BYTES = 16 * 1024 * 1024;
+
+/** Workflows' values read per READ_CHAINS call when the state is loaded, at most (halved while reads fail, see readWorkflows()). */
+const WORKFLOWS_PER_READ = 1000;
+
+/**
+ * The longest `wf:` value read: a replica writes a worker id (at most 256 characters, JSON-escaped)
+ * and a step, under 2 KB. One of 30 MB made every resynchronisation's read of the workflows time
+ * out, and the replica never came back; a longer one is skipped unread, counted.
+ */
+const WORKFLOW_VALUE_MAX_BYTES = 4096;
 
 /** Workflows written back per WRITE_WORKFLOWS call after an outage: one short script each, not one for all. */
 const WORKFLOWS_PER_WRITE = 500;
@@ -685,6 +696,8 @@ interface RedisStats {
   chainsSkipped: number;
   /** Block entries longer than any replica writes (maxMessageBytes()), skipped unread: among chainsSkipped. */
   chainsOversize: number;
+  /** Workflows a resynchronisation could not read (a `wf:` value longer than any replica writes, or a read that timed out alone) and skipped. */
+  workflowsSkipped: number;
   /** Shared keys found holding another kind of value (WRONGTYPE), deleted and written anew: among the errors. */
   wrongKindRepairs: number;
   /** Resynchronisations that failed (and were tried again later). */
@@ -963,6 +976,7 @@ export class RedisStateStore implements StateStore {
     eventBatchesNotShared: 0,
     chainsSkipped: 0,
     chainsOversize: 0,
+    workflowsSkipped: 0,
     wrongKindRepairs: 0,
     resyncFailures: 0,
     writeBackRetries: 0,
@@ -2330,15 +2344,7 @@ export class RedisStateStore implements StateStore {
       [],
       'workflows',
     );
-    for (let at = 0; at < newest.length; at += 1000) {
-      const ids = newest.slice(at, at + 1000);
-      const values = await this.cmd.mget(...ids.map((id) => this.key('wf', id)));
-      ids.forEach((id, i) => {
-        const e = values[i] === null ? undefined : parseWorkflow(values[i]!);
-        if (e && id !== '') router.setWorkflowAffinity(id, e.w, e.s);
-        else if (values[i] !== null) this.counters.malformedMessages++;
-      });
-    }
+    await this.readWorkflows(newest);
     // block entries other replicas recorded, best effort: read a bounded batch at a time (an
     // entry can hold thousands of blocks). A read that fails (it outlasted the command timeout:
     // large entries, a busy Redis or process) is made again with half as many keys, down to one,
@@ -2403,19 +2409,72 @@ export class RedisStateStore implements StateStore {
   }
 
   /**
+   * Reads workflows' `wf:` values (`ids` oldest first) into the router, bounded as the block
+   * entries are: WORKFLOWS_PER_READ at a time with READ_CHAINS, a value longer than any replica
+   * writes (WORKFLOW_VALUE_MAX_BYTES) skipped unread; a read that fails (it outlasted the command
+   * timeout) is made again with half as many ids, down to one, one failing alone is skipped, and
+   * after two such in a row the rest are. The skipped are counted (state.workflowsSkipped) and
+   * said once per resynchronisation; their workflows are read on first sight, as older ones are.
+   */
+  private async readWorkflows(ids: string[]): Promise<void> {
+    const router = this.host!.router;
+    let size = WORKFLOWS_PER_READ;
+    let failedAlone = 0;
+    let skipped = 0;
+    for (let at = 0; at < ids.length;) {
+      if (failedAlone >= 2) {
+        skipped += ids.length - at;
+        break;
+      }
+      const batch = ids.slice(at, at + size);
+      let error: Error | undefined;
+      const answers = await this.readChainBatch(
+        batch.map((id) => this.key('wf', id)),
+        WORKFLOW_VALUE_MAX_BYTES,
+      ).catch((err: Error) => {
+        // a connection gone fails the resynchronisation, which is retried once it is back
+        if (this.cmd.status !== 'ready') throw err;
+        error = err;
+        return null;
+      });
+      if (answers !== null) {
+        answers.forEach((v, i) => {
+          if (typeof v === 'number') return void skipped++;
+          const e = v === null ? undefined : parseWorkflow(v);
+          if (e && batch[i] !== '') router.setWorkflowAffinity(batch[i], e.w, e.s);
+          else if (v !== null) this.counters.malformedMessages++;
+        });
+        at += Math.max(1, answers.length);
+        failedAlone = 0;
+        size = Math.min(WORKFLOWS_PER_READ, size * 2);
+      } else if (batch.length > 1) size = batch.length >>> 1;
+      else {
+        this.failed(error!, "the workflows' read");
+        skipped++;
+        at++;
+        failedAlone++;
+      }
+    }
+    if (skipped === 0) return;
+    this.counters.workflowsSkipped += skipped;
+    this.host?.log(
+      `state: ${skipped} ${skipped === 1 ? 'workflow' : 'workflows'} in redis could not be read (a value longer than any replica writes, ${WORKFLOW_VALUE_MAX_BYTES} bytes, or a read that timed out) and skipped (state.workflowsSkipped); read again on first sight`,
+    );
+  }
+
+  /**
    * Block entries `keys` read with READ_CHAINS: their values in order (null for none), or the
    * length of one longer than any replica writes; fewer answers than keys when the values
    * answered pass CHAIN_READ_BYTES (the rest are read next).
    */
-  private async readChainBatch(keys: string[]): Promise<Array<string | number | null>> {
+  private async readChainBatch(
+    keys: string[],
     // attach() has set the bound (from the router's block size) before any resynchronisation reads
-    return (await this.cmd.eval(
-      READ_CHAINS,
-      keys.length,
-      ...keys,
-      String(this.maxMessageBytes),
-      String(CHAIN_READ_BYTES),
-    )) as Array<string | number | null>;
+    longest = this.maxMessageBytes,
+  ): Promise<Array<string | number | null>> {
+    return (await this.cmd.eval(READ_CHAINS, keys.length, ...keys, String(longest), String(CHAIN_READ_BYTES))) as Array<
+      string | number | null
+    >;
   }
 
   /**

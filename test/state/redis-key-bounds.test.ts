@@ -57,3 +57,19 @@ test('an epoch marker of 10 MB is not read: replaced as no marker, and the loss 
   const said = a.logs.filter((l) => l.includes(`${prefix}epoch in redis holds a value of 10000000 bytes`));
   assert.equal(said.length, 1, a.logs.join('\n'));
 });
+
+test("a workflow's value of 30 MB is skipped unread: the replica comes up with the others", async () => {
+  const prefix = prefixes.fresh();
+  await redis
+    .multi()
+    .set(`${prefix}wf:huge`, JSON.stringify({ w: 'e0', s: 1, pad: 'x'.repeat(30_000_000) }), 'PX', 600_000)
+    .set(`${prefix}wf:fine`, JSON.stringify({ w: 'e0', s: 3 }), 'PX', 600_000)
+    .zadd(`${prefix}workflows`, '1', 'huge', '2', 'fine')
+    .exec();
+  const a = await replica('A', prefix);
+  assert.equal(a.store.stats().connected, true);
+  assert.deepEqual(a.router.workflowAffinity('fine'), { workerId: 'e0', step: 3 });
+  assert.equal(a.router.workflowAffinity('huge'), undefined);
+  assert.equal(a.store.stats().workflowsSkipped, 1);
+  assert.equal(a.logs.filter((l) => /1 workflow in redis could not be read/.test(l)).length, 1, a.logs.join('\n'));
+});
