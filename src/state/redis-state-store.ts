@@ -519,12 +519,12 @@ end
 return out`;
 
 /**
- * Reads the epoch marker KEYS[1] as GET would, bounded: a value longer than ARGV[1] bytes is
- * answered as its length, not its value (asked first, STRLEN, so it is never copied); a key
- * holding another kind of value is answered with Redis's refusal (WRONGTYPE). An ACL user without
- * STRLEN has the value read whole, as before.
+ * Reads KEYS[1] (the epoch marker, a workflow's `wf:` value) as GET would, bounded: a value longer
+ * than ARGV[1] bytes is answered as its length, not its value (asked first, STRLEN, so it is never
+ * copied); a key holding another kind of value is answered with Redis's refusal (WRONGTYPE). An
+ * ACL user without STRLEN has the value read whole, as before.
  */
-const READ_EPOCH = `local n = redis.pcall('STRLEN', KEYS[1])
+const READ_VALUE = `local n = redis.pcall('STRLEN', KEYS[1])
 if type(n) == 'number' and n > tonumber(ARGV[1]) then return n end
 return redis.pcall('GET', KEYS[1])`;
 
@@ -1135,14 +1135,26 @@ export class RedisStateStore implements StateStore {
     const id = request.workflowId;
     if (id === undefined || !this.up || this.host!.router.workflowAffinity(id) !== undefined) return undefined;
     this.counters.workflowLookups++;
-    return this.cmd.get(this.key('wf', id)).then(
+    return this.readWorkflow(id).then(
       (value) => {
-        const entry = value === null ? undefined : parseWorkflow(value);
+        // (a value longer than any replica writes, answered by its length, is none)
+        const entry = value === undefined ? undefined : parseWorkflow(value);
         if (entry) this.host!.router.setWorkflowAffinity(id, entry.w, entry.s);
         else this.markUnclaimed(id);
       },
       (err: unknown) => this.unanswered("a workflow's lookup", err),
     );
+  }
+
+  /**
+   * A workflow's `wf:` value, read bounded (READ_VALUE): undefined when there is none, or one
+   * longer than any replica writes (WORKFLOW_VALUE_MAX_BYTES; one of 30 MB read whole held the
+   * command connection past the command timeout on every first sight of the workflow).
+   */
+  private async readWorkflow(id: string): Promise<string | undefined> {
+    const value = (await this.cmd.eval(READ_VALUE, 1, this.key('wf', id), String(WORKFLOW_VALUE_MAX_BYTES))) as
+      string | number | null;
+    return typeof value === 'string' ? value : undefined;
   }
 
   decisionMade(d: SharedDecision): void {
@@ -1841,7 +1853,7 @@ export class RedisStateStore implements StateStore {
     if (claiming && claim?.[0] === null && (claim[1] as number[])[0] === 0) {
       // lost the claim: follow the winner, and tell the others who had heard this replica's choice
       this.counters.workflowClaimsLost++;
-      const winner = parseWorkflow((await this.cmd.get(this.key('wf', d.workflowId!))) ?? '');
+      const winner = parseWorkflow((await this.readWorkflow(d.workflowId!)) ?? '');
       if (!winner) return;
       this.host!.router.setWorkflowAffinity(d.workflowId!, winner.w, winner.s);
       const correction: WireDecision = { r: this.replicaId, k: 'd', w: winner.w, h: '', wf: d.workflowId, s: winner.s };
@@ -2570,7 +2582,7 @@ export class RedisStateStore implements StateStore {
       this.cmd
         .pipeline()
         .set(this.key('epoch'), randomBytes(8).toString('hex'), 'NX')
-        .eval(READ_EPOCH, 1, this.key('epoch'), String(EPOCH_MAX_BYTES))
+        .eval(READ_VALUE, 1, this.key('epoch'), String(EPOCH_MAX_BYTES))
         .info('server'),
       'the epoch read',
       // INFO refused (an ACL without it, a renamed command): the server's run is unknown, and
@@ -2887,7 +2899,7 @@ export class RedisStateStore implements StateStore {
           .zrange(this.key('replicas'), String(-(REPLICAS_READ + 1)), '-1')
           // the epoch: written afresh where Redis lost it, read to compare with the one known
           .set(this.key('epoch'), randomBytes(8).toString('hex'), 'NX')
-          .eval(READ_EPOCH, 1, this.key('epoch'), String(EPOCH_MAX_BYTES))
+          .eval(READ_VALUE, 1, this.key('epoch'), String(EPOCH_MAX_BYTES))
           // the kinds of the registry's keys and the workflows' index (a no-op on the right
           // kind, WRONGTYPE on another: no field is empty, and no range ends before it starts)
           .hdel(this.key('workers'), '')

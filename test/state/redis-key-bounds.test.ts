@@ -47,7 +47,11 @@ test('an epoch marker of 10 MB is not read: replaced as no marker, and the loss 
   await redis.set(`${prefix}epoch`, huge);
   const a = await replica('A', prefix);
   assert.equal(a.store.stats().connected, true);
-  const short = async () => ((await redis.get(`${prefix}epoch`)) ?? '').length <= 256;
+  // written anew (by A's load sync, which reads it in the same pipeline)
+  const short = async () => {
+    const epoch = await redis.get(`${prefix}epoch`);
+    return epoch !== null && epoch.length <= 256;
+  };
   await until(short, 'the epoch to be written anew');
   // written there again while A runs: its load sync replaces it, and A writes its state back
   const lost = a.store.stats().stateLost as number;
@@ -72,4 +76,15 @@ test("a workflow's value of 30 MB is skipped unread: the replica comes up with t
   assert.equal(a.router.workflowAffinity('huge'), undefined);
   assert.equal(a.store.stats().workflowsSkipped, 1);
   assert.equal(a.logs.filter((l) => /1 workflow in redis could not be read/.test(l)).length, 1, a.logs.join('\n'));
+});
+
+test("a workflow's value of 30 MB is not read on first sight of the workflow: it is none", async () => {
+  const prefix = prefixes.fresh();
+  const a = await replica('A', prefix);
+  await redis.set(`${prefix}wf:huge`, JSON.stringify({ w: 'e0', s: 1, pad: 'x'.repeat(30_000_000) }), 'PX', 600_000);
+  const stream = (a.store as unknown as { cmd: { stream: { bytesRead: number } } }).cmd.stream;
+  const before = stream.bytesRead;
+  await a.store.beforeRoute({ workflowId: 'huge', text: 'x' });
+  assert.ok(stream.bytesRead - before < 65_536, `read ${stream.bytesRead - before} bytes`);
+  assert.equal(a.router.workflowAffinity('huge'), undefined);
 });
