@@ -3,12 +3,14 @@
  * README and docs/routing.md §7 quote outside the sweep: hot shared prefixes on workers with
  * little KV (bench/traces/hot-prefixes/), long agent sessions among short chats
  * (bench/traces/long-sessions/), many tenants' system prompts under short sessions on workers
- * with little KV (bench/traces/tenants/) and coding-agent loops that outgrow their worker
- * (bench/traces/agent-loops/). Each run is what `contextforge-router simulate --trace FILE
+ * with little KV (bench/traces/tenants/), coding-agent loops that outgrow their worker
+ * (bench/traces/agent-loops/) and SGLang's generated-shared-prefix benchmark from a cold start
+ * (bench/traces/shared-prefix/). Each run is what `contextforge-router simulate --trace FILE
  * --speed S --kv-tokens K --max-model-len M --format json` prints for it, one run each (the
  * simulator is deterministic), written to bench/results/held-out.json with the run's settings.
  *
- *   npm run bench:held-out [-- --out bench/results/held-out.json] [--only hot-prefixes,long-sessions,tenants,agent-loops]
+ *   npm run bench:held-out [-- --out bench/results/held-out.json]
+ *                          [--only hot-prefixes,long-sessions,tenants,agent-loops,shared-prefix,shared-prefix-8x128]
  *                          [--policies cost,llmd-affinity,... --out FILE]
  *
  * --policies other than the defaults, and --only, need --out, so the README's file keeps its policies and runs.
@@ -58,6 +60,16 @@ const RUNS: HeldOutRun[] = [
       trace: `bench/traces/tenants/tenants.${n}.jsonl.gz`,
       speed,
       kvTokens: 60_000,
+    })),
+  // SGLang's generated-shared-prefix benchmark from a cold start, at 100, 200 and 300 requests a
+  // second (added 2026-12-06, after the policy: no default was chosen on it)
+  ...['shared-prefix', 'shared-prefix-8x128']
+    .flatMap((name) => [1, 2, 3].flatMap((n) => [1, 2, 3].map((speed) => ({ name, n, speed }))))
+    .map(({ name, n, speed }) => ({
+      shape: name,
+      trace: `bench/traces/shared-prefix/${name}.${n}.jsonl.gz`,
+      speed,
+      kvTokens: 300_000,
     })),
   ...[1, 2, 3, 4, 5, 6, 7, 8, 9].map((n) => ({
     shape: 'agent-loops',
