@@ -27,9 +27,12 @@
  * - KV usage (vllm:kv_cache_usage_perc) is the fraction of blocks held by requests
  *   (`block_pool.py`: get_usage = 1 − free / total).
  *
- * Where it differs (docs/simulator.md lists these too): a block is hashed and announced at the
- * end of the step that computed it (vLLM: when scheduled, events published after the step);
- * duplicate computations of one block keep one cached copy; output tokens are never cached
+ * - a step's full prompt blocks are cached when it is scheduled, before it runs, so a request
+ *   admitted later in the same step reuses them; their events go out after the step
+ *   (`kv_cache_manager.py`: allocate_slots → cache_blocks).
+ *
+ * Where it differs (docs/simulator.md lists these too): duplicate computations of one block
+ * keep one cached copy; output tokens are never cached
  * under a key a later prompt could hit; content anchors (CacheBlend-style passages) are
  * allocated whole at admission and are not announced as KV events.
  *
@@ -181,6 +184,7 @@ export class EngineModel {
       }
       if (!fits) break;
       job.scheduled = tokens;
+      this.cacheScheduled(job, tokens);
       budget -= tokens;
       chunks.push([tokens, contextTokens(job)]);
     }
@@ -193,6 +197,7 @@ export class EngineModel {
         this.waitingHead++;
         this.running.push(job);
         job.scheduled = tokens;
+        this.cacheScheduled(job, tokens);
         budget -= tokens;
         chunks.push([tokens, contextTokens(job)]);
       }
@@ -412,10 +417,19 @@ export class EngineModel {
     job.hashed = 0;
   }
 
-  /** Full keyed blocks now computed become cached and are announced; anchors once computed. */
-  private cacheComputed(job: Job): void {
+  /**
+   * The full keyed blocks a step computes become cached and are announced when it is
+   * scheduled, before it runs, as vLLM's allocate_slots caches them (cache_blocks up to
+   * num_computed_tokens + num_new_tokens, vllm/v1/core/kv_cache_manager.py): a request admitted
+   * later in the same step finds them and computes only the rest (its attention reads their KV as
+   * the step writes it). The events go out with the step's others, after it.
+   */
+  private cacheScheduled(job: Job, tokens: number): void {
     const r = job.request;
-    const full = Math.min(job.keyed, Math.floor(job.regionDone / this.config.blockTokens));
+    const full = Math.min(
+      job.keyed,
+      Math.floor(regionAfter(job, tokens, this.config.blockTokens) / this.config.blockTokens),
+    );
     for (let i = job.hashed; i < full; i++) {
       const slot = job.slots[i];
       const key = r.keys[i];
@@ -424,6 +438,10 @@ export class EngineModel {
       this.onStored(r.hashHi[i], r.hashLo[i]);
     }
     if (full > job.hashed) job.hashed = full;
+  }
+
+  /** Anchors, once computed, become cached (never announced: content anchors are no vLLM prefix). */
+  private cacheComputed(job: Job): void {
     if (job.anchorWork === 0 && job.anchorMissKeys.length > 0) {
       for (const key of job.anchorMissKeys) {
         if (this.pool.slotOf.has(key)) continue;

@@ -76,6 +76,29 @@ describe('engine model timelines', () => {
     assert.equal(e.prefillTokens, 500);
   });
 
+  test('two requests sharing a prefix admitted in one step: the blocks the first will compute are cached when it is scheduled, as vLLM', () => {
+    // vLLM's allocate_slots caches a step's full blocks when it schedules them: a request
+    // admitted after it in the same step finds them and computes only its own block
+    const stored: number[] = [];
+    const e = new EngineModel(TOY, (hi) => stored.push(hi));
+    e.enqueue(req(1, [1, 2, 3, 4], 400, 1));
+    e.enqueue(req(2, [1, 2, 3, 5], 400, 1));
+    const end = e.startStep(0, Infinity);
+    // one step computes 400 + 100 tokens
+    assert.equal(end, 50);
+    // the shared blocks are announced once, then the second's own full block
+    assert.deepEqual(stored, [1, 2, 3, 4, 5]);
+    const step = e.finishStep();
+    assert.deepEqual(
+      step.firstTokens.map((f) => [f.request.id, f.cachedTokens]),
+      [
+        [1, 0],
+        [2, 300],
+      ],
+    );
+    assert.equal(e.prefillTokens, 500);
+  });
+
   test('a fully cached prompt recomputes its whole last block, as vLLM (hit ≤ prompt − 1, whole blocks)', () => {
     const e = new EngineModel(TOY);
     e.enqueue(req(1, [1, 2], 200, 1));
