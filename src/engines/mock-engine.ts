@@ -418,9 +418,10 @@ export class MockEngine {
     core.stepping = true;
     const start = Date.now() - this.modelStart;
     // runs of decode steps are cut at 50 ms so streams flow and new requests join soon; the
-    // step is scheduled now and its outputs land when it ends, so /metrics reads it in between
+    // step is scheduled now and its outputs land when it ends, so /metrics reads it in between.
+    // Its KV events (the evictions and the blocks cached as it is scheduled) leave when it ends,
+    // as vLLM publishes a step's events after the step
     const end = core.engine.startStep(start, start + 50);
-    flushEvents(core, this.blockSize);
     setTimeout(
       () => {
         core.stepping = false;

@@ -309,9 +309,9 @@ export class RouterFleet {
 
   /**
    * One engine step's KV events (hash pairs hi, lo, …) reaching every replica, late or lost as
-   * configured. The removals go first: the engine evicts while it schedules the step and stores
-   * the blocks the step computed when it ends, so a block evicted and computed again in one step
-   * is held after it (vLLM publishes each step's events as one ordered list).
+   * configured. The removals go first: the engine evicts while it schedules the step and caches
+   * the blocks it will compute after evicting for them, so a block evicted and cached again in one
+   * step is held after it (vLLM publishes each step's events as one ordered list).
    */
   deliverEvents(workerId: string, stored: readonly number[], removed: readonly number[]): void {
     for (const r of this.replicas) {

@@ -140,9 +140,16 @@ function onRemoved(core: RankCore, key: number): void {
   if (!core.liveKeys.has(key)) core.blocks.delete(key);
 }
 
-/** One batch per step: consecutive stored blocks of a chain in one BlockStored, then removals. */
+/**
+ * One batch per step: its removals, then consecutive stored blocks of a chain in one BlockStored.
+ * Removals first, as the engine made them: a step evicts while it schedules, and may cache again
+ * a block it evicted for a later request of the same step (never the other way round: a block
+ * cached in a step is held by the request computing it until the step ends).
+ */
 export function flushEvents(core: RankCore, blockSize: number): void {
   const events: KvEvent[] = [];
+  if (core.removed.length > 0)
+    events.push({ type: 'BlockRemoved', blockHashes: [...core.removed], medium: 'GPU', groupIdx: 0 });
   let current: BlockStoredEvent | undefined;
   for (const key of core.stored) {
     const b = core.blocks.get(key);
@@ -171,8 +178,6 @@ export function flushEvents(core: RankCore, blockSize: number): void {
     }
   }
   for (const e of events) if (e.type === 'BlockStored' && e.extraKeys!.every((k) => k === null)) e.extraKeys = null;
-  if (core.removed.length > 0)
-    events.push({ type: 'BlockRemoved', blockHashes: [...core.removed], medium: 'GPU', groupIdx: 0 });
   core.stored.length = 0;
   core.removed.length = 0;
   // a batch that fails to send is still numbered and kept for replay: the subscribers see the
