@@ -12,7 +12,8 @@ import { EXT_PROC_PROTO, PROTO_DIR, extProcService } from './proto.js';
  * (2 bytes each) would be 8 million objects, seconds of blocked event loop and most of a GiB.
  * Envoy's most: 1,000 request headers (the picker answers 431 past MAX_HEADER_LINES) are 3,000
  * fields, a subset hint of 4,096 endpoints (what the picker reads of one) 8,192, its attributes
- * and metadata a few dozen more: 32,768 leaves that room twice over, and decodes in milliseconds.
+ * and metadata a few dozen more: 32,768 leaves that room twice over; a message at the bound
+ * decodes in tens of milliseconds.
  */
 export const MAX_MESSAGE_FIELDS = 32_768;
 
@@ -20,7 +21,9 @@ export const MAX_MESSAGE_FIELDS = 32_768;
  * Deepest nesting of messages in a ProcessingRequest (the request itself is depth 0). A subset
  * hint's endpoint is at depth 7 (metadata_context, its filter_metadata entry, the Struct, its
  * fields entry, the Value, the ListValue, its Value); each level of JSON nesting in metadata
- * adds three. 100 is protobuf's own default recursion limit (CodedInputStream's, and protobufjs's).
+ * adds three. 100 is protobuf's own default recursion limit (CodedInputStream's); counting a map
+ * entry as a level, as the wire nests it, is stricter than protobufjs's decoder, which reads an
+ * entry's value one level down: metadata nested past about 32 levels of JSON is refused here.
  */
 export const MAX_MESSAGE_DEPTH = 100;
 
@@ -30,8 +33,9 @@ export const MAX_MESSAGE_DEPTH = 100;
  * HTTP connection manager's max_request_headers_kb: 60 KiB by default, 8,192 KiB at the most
  * (the response's by max_response_headers_kb, alike); the picker answers request headers over
  * MAX_REQUEST_HEADER_BYTES (64 KiB) with 431. 1 MiB is sixteen times Envoy's default, room for
- * those headers to get their 431 and for any metadata a gateway attaches; only the body chunk may
- * be larger (up to the body limit).
+ * headers up to it to get their 431 and for any metadata a gateway attaches; headers past it (an
+ * Envoy configured above 1,024 KiB) end the stream RESOURCE_EXHAUSTED instead. Only the body
+ * chunk may be larger (up to the body limit).
  */
 export const MAX_NON_BODY_BYTES = 1024 * 1024;
 
