@@ -42,18 +42,28 @@ function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
   return Promise.race([p, deadline]).finally(() => clearTimeout(timer));
 }
 
-test('close() lets a request in flight finish, answers it whole, and ends once it is answered', async () => {
-  let answer: (() => void) | undefined;
+/**
+ * An engine that holds each completion until its `answer()` (the last request's) is called, and
+ * counts the completions it was sent.
+ */
+async function holdingEngine() {
+  const state = { answer: undefined as (() => void) | undefined, completions: 0 };
   const engine = await fakeEngine((req, res) => {
     if (!completionsOnly(req, res)) return;
+    state.completions++;
     req.resume();
     req.on('end', () => {
-      answer = () =>
+      state.answer = () =>
         res
           .writeHead(200, { 'content-type': 'application/json' })
           .end(JSON.stringify({ id: 'c1', object: 'text_completion', choices: [{ index: 0, text: 'done' }] }));
     });
   });
+  return Object.assign(engine, { state });
+}
+
+test('close() lets a request in flight finish, answers it whole, and ends once it is answered', async () => {
+  const engine = await holdingEngine();
   const { gateway, base } = await gatewayTo(engine.url);
   try {
     const reply = fetch(`${base}/v1/completions`, {
@@ -61,9 +71,9 @@ test('close() lets a request in flight finish, answers it whole, and ends once i
       headers: { 'content-type': 'application/json' },
       body: JSON.stringify({ prompt: 'finish me', max_tokens: 4 }),
     });
-    await until(() => answer !== undefined, 'the engine has the request');
+    await until(() => engine.state.answer !== undefined, 'the engine has the request');
     const closed = gateway.close(120_000);
-    answer!();
+    engine.state.answer!();
     const res = await reply;
     assert.equal(res.status, 200);
     assert.match(await res.text(), /"done"/);
@@ -75,19 +85,7 @@ test('close() lets a request in flight finish, answers it whole, and ends once i
 });
 
 test('close() answers a request that arrives meanwhile on an open connection 503 gateway_shutdown in the OpenAI shape, and counts it', async () => {
-  let answer: (() => void) | undefined;
-  let completions = 0;
-  const engine = await fakeEngine((req, res) => {
-    if (!completionsOnly(req, res)) return;
-    completions++;
-    req.resume();
-    req.on('end', () => {
-      answer = () =>
-        res
-          .writeHead(200, { 'content-type': 'application/json' })
-          .end(JSON.stringify({ id: 'c1', object: 'text_completion', choices: [{ index: 0, text: 'done' }] }));
-    });
-  });
+  const engine = await holdingEngine();
   const { gateway, base } = await gatewayTo(engine.url);
   try {
     // a request in flight on a connection, and another sent on it once the gateway closes
@@ -100,13 +98,13 @@ test('close() answers a request that arrives meanwhile on an open connection 503
     let received = 0;
     gateway.app.server.on('request', () => received++);
     socket.write(request);
-    await until(() => answer !== undefined, 'the engine has the first request');
+    await until(() => engine.state.answer !== undefined, 'the engine has the first request');
     const closed = gateway.close(120_000);
     socket.write(request);
     // its answer waits for the first's (answers go in order): the first is answered once the
     // gateway has the second
     await until(() => received === 2, 'the gateway to receive the second request');
-    answer!();
+    engine.state.answer!();
     await within(ended, 30_000, 'the connection to close after the answers');
     const answers = text.split(/(?=HTTP\/1\.1 )/);
     assert.equal(answers.length, 2, text);
@@ -121,7 +119,7 @@ test('close() answers a request that arrives meanwhile on an open connection 503
       code: 'gateway_shutdown',
     });
     // the engine never saw it; the gateway counted it
-    assert.equal(completions, 1);
+    assert.equal(engine.state.completions, 1);
     await within(closed, 30_000, 'close() after the last answer');
     assert.match(
       await gateway.metrics.metrics(),
