@@ -607,7 +607,12 @@ export function simulate(trace: readonly TraceRequest[], options: SimulationOpti
     if (now > MAX_SIMULATED_SPAN_MS) throw pastSpan(now, trace, speed);
     if (top.kind === KIND_STEP_END) {
       const w = top.worker;
-      if (dead[w]) continue;
+      if (dead[w]) {
+        // popped: no interrupt() may move it again
+        stepping[w] = false;
+        stepEvents[w] = undefined;
+        continue;
+      }
       const step: StepResult = engines[w].finishStep();
       publish(w);
       for (const { request, cachedTokens } of step.firstTokens) {

@@ -521,12 +521,15 @@ return out`;
 /**
  * Reads KEYS[1] (the epoch marker, a workflow's `wf:` value) as GET would, bounded: a value longer
  * than ARGV[1] bytes is answered as its length, not its value (asked first, STRLEN, so it is never
- * copied); a key holding another kind of value is answered with Redis's refusal (WRONGTYPE). An
- * ACL user without STRLEN has the value read whole, as before.
+ * copied); a key holding another kind of value is answered with Redis's refusal (WRONGTYPE). For
+ * an ACL user without STRLEN the value is read inside Redis and its length answered all the same:
+ * nothing long crosses the connection.
  */
 const READ_VALUE = `local n = redis.pcall('STRLEN', KEYS[1])
 if type(n) == 'number' and n > tonumber(ARGV[1]) then return n end
-return redis.pcall('GET', KEYS[1])`;
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'string' and #v > tonumber(ARGV[1]) then return #v end
+return v`;
 
 /**
  * The longest epoch marker read: replicas write 16 hex digits. `{prefix}epoch` is read at every
@@ -771,9 +774,9 @@ export class RedisStateStore implements StateStore {
   private starting = true;
   private timer: NodeJS.Timeout | undefined;
   /**
-   * The command connection is not made again before this time (Date.now()): a reconnection put
-   * off after a refused database or a failed resynchronisation (reconnectLater(); see
-   * DATABASE_RETRY_MIN_MS, RESYNC_RETRY_MIN_MS).
+   * The command connection is not made again before this time (performance.now(): monotonic, a
+   * wall clock set back does not hold it off): a reconnection put off after a refused database or
+   * a failed resynchronisation (reconnectLater(); see DATABASE_RETRY_MIN_MS, RESYNC_RETRY_MIN_MS).
    */
   private reconnectAt = 0;
   private databaseBackoffMs = DATABASE_RETRY_MIN_MS;
@@ -1023,7 +1026,10 @@ export class RedisStateStore implements StateStore {
     this.cmd = new Redis({
       ...common,
       // and no sooner than a reconnection put off after a failure asks (reconnectLater())
-      retryStrategy: (attempt) => Math.max(Math.min(100 * attempt, 1000), this.reconnectAt - Date.now()),
+      // put off until reconnectAt, on the monotonic clock (a wall clock set back would hold the
+      // replica off Redis for as long), and never by more than the longest retry
+      retryStrategy: (attempt) =>
+        Math.max(Math.min(100 * attempt, 1000), Math.min(this.reconnectAt - performance.now(), READONLY_RETRY_MAX_MS)),
       enableOfflineQueue: false,
       connectionName: `contextforge-${this.replicaId}`,
       reconnectOnError: (err) => this.reconnectIfReadOnly(err),
@@ -2125,7 +2131,7 @@ export class RedisStateStore implements StateStore {
     if (this.closed || !this.host) return;
     // made by ioredis before the reconnection put off after a failure is due (it had lost the
     // connection already and set its own delay): made again then (reconnectLater())
-    if (this.reconnectAt - Date.now() > RECONNECT_EARLY_MS) return this.dropConnection();
+    if (this.reconnectAt - performance.now() > RECONNECT_EARLY_MS) return this.dropConnection();
     const first = this.counters.resyncs === 0;
     const connection = ++this.connectionsUp;
     this.readOnlyReconnecting = false;
@@ -2240,7 +2246,7 @@ export class RedisStateStore implements StateStore {
    */
   private reconnectLater(delay: number, next: (ms: number) => void): void {
     next(Math.min(2 * delay, READONLY_RETRY_MAX_MS));
-    this.reconnectAt = Date.now() + delay;
+    this.reconnectAt = performance.now() + delay;
     this.dropConnection();
   }
 

@@ -36,6 +36,21 @@ test('a replica set of 20,000 heartbeats is read only as far as the replicas tal
   const syncs = () => a.store.stats().replicasSeen as number;
   await until(() => syncs() > 1, "A's load sync to read the set");
   assert.ok(syncs() <= MAX_REMOTE_REPLICAS + 1, `read ${syncs()} heartbeats`);
+  // and what crosses the connection: the set read whole is some 400 KB a sync (20,000 members
+  // with their scores); its newest 258 about 6 KB
+  // a replica whose own timer stays quiet: each of its load syncs here is counted alone
+  const router = new KVAwareRouter({ blockSize: 16 });
+  const quiet = new RedisStateStore({ url: REDIS_URL, prefix, replicaId: 'B', syncIntervalMs: 600_000 });
+  stores.push(quiet);
+  await quiet.attach(fixedWorkersHost(router, ['e0']).host);
+  const store = quiet as unknown as { cmd: { stream: { bytesRead: number } }; syncLoad(): Promise<void> };
+  const reads: number[] = [];
+  for (let i = 0; i < 3; i++) {
+    const before = store.cmd.stream.bytesRead;
+    await store.syncLoad();
+    reads.push(store.cmd.stream.bytesRead - before);
+  }
+  assert.ok(Math.max(...reads) < 65_536, `a load sync read ${reads.join(', ')} bytes`);
   assert.equal(a.store.stats().remoteLoadRefused, 0);
   const said = a.logs.filter((l) => l.includes(`${prefix}replicas holds more than`));
   assert.equal(said.length, 1, a.logs.join('\n'));

@@ -7,6 +7,7 @@
 import assert from 'node:assert/strict';
 import { createConnection, createServer, type AddressInfo, type Server, type Socket } from 'node:net';
 import { after, test } from 'node:test';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { KVAwareRouter } from '../../src/core/router/index.js';
 import { parseRedisUrl, RedisStateStore } from '../../src/state/redis-state-store.js';
 import { REDIS_URL } from '../helpers/redis-routers.js';
@@ -139,4 +140,24 @@ test('a resynchronisation whose connection was lost under it is tried again, and
   await until(() => (store.stats().resyncs as number) > resyncs && store.stats().connected === true, 'a reconnection', {
     timeoutMs: 15_000,
   });
+});
+
+test('a wall clock set back while a reconnection waits does not hold the replica off Redis', async () => {
+  const { proxy, store } = await replicaBehindProxy();
+  proxy.arm('cut');
+  proxy.drop();
+  await until(() => (store.stats().resyncFailures as number) >= 1, 'the resynchronisation to fail');
+  // an hour back (an NTP step, an operator's date): the wait before reconnecting is on the
+  // monotonic clock, and so is this test's deadline
+  const wallClock = Date.now;
+  Date.now = () => wallClock() - 3_600_000;
+  try {
+    const start = performance.now();
+    while (store.stats().connected !== true) {
+      assert.ok(performance.now() - start < 15_000, 'the replica to share again within 15 s of the clock set back');
+      await sleep(20);
+    }
+  } finally {
+    Date.now = wallClock;
+  }
 });
