@@ -111,6 +111,13 @@ export interface EppServer {
 }
 
 /**
+ * Longest message the plaintext health port reads: a HealthCheckRequest holds one service name,
+ * and the picker serves names of a few bytes and watches names of at most MAX_WATCHED_NAME_BYTES
+ * (256); 4 KiB leaves any name a probe sends room.
+ */
+export const HEALTH_MESSAGE_BYTES = 4096;
+
+/**
  * The endpoint picker's gRPC server: envoy.service.ext_proc.v3.ExternalProcessor/Process and
  * grpc.health.v1.Health with the services `liveness` (the process answers), `readiness`, the
  * ExternalProcessor's own name and '' (these three: the picker can route now); over TLS when
@@ -171,11 +178,17 @@ export async function startEppServer(options: EppServerOptions): Promise<EppServ
   const closeListener = () => new Promise<void>((resolve) => listener.close(() => resolve()));
 
   // kubelet probes: the health services alone, plaintext, on a gRPC server of their own, whose
-  // connections are closed once idle (a probe asks once) or when they send no HTTP/2 preface
+  // connections are closed once idle (a probe asks once) or when they send no HTTP/2 preface;
+  // a HealthCheckRequest is a service name, so a message past HEALTH_MESSAGE_BYTES is refused
+  // unread (RESOURCE_EXHAUSTED) rather than taken at gRPC's default 4 MiB
   const healthServer =
     options.healthPort === undefined
       ? undefined
-      : new Server({ ...keepalive, 'grpc.max_connection_idle_ms': options.healthIdleTimeoutMs ?? 10_000 });
+      : new Server({
+          ...keepalive,
+          'grpc.max_connection_idle_ms': options.healthIdleTimeoutMs ?? 10_000,
+          'grpc.max_receive_message_length': HEALTH_MESSAGE_BYTES,
+        });
   let healthListener: NetServer | undefined;
   if (healthServer) {
     health.addToServer(healthServer);

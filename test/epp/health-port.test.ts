@@ -11,6 +11,7 @@ import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import {
   credentials,
+  status as grpcStatus,
   loadPackageDefinition,
   type ChannelCredentials,
   type Client,
@@ -19,7 +20,7 @@ import {
 import { loadSync } from '@grpc/proto-loader';
 import { protoPath as healthProtoPath } from 'grpc-health-check';
 import { PROTO_LOADER_OPTIONS } from '../../src/epp/proto.js';
-import { startEppServer, type EppServer, type EppServerOptions } from '../../src/epp/server.js';
+import { HEALTH_MESSAGE_BYTES, startEppServer, type EppServer, type EppServerOptions } from '../../src/epp/server.js';
 import { settled, until } from '../helpers/wait.js';
 
 /** More connections than the health port holds at once (64). */
@@ -173,18 +174,27 @@ test('Watch and Check calls for names the picker does not serve leave nothing be
   assert.deepEqual(unknown.statuses, ['SERVICE_UNKNOWN']);
   assert.equal(unknown.ended(), undefined, 'held open, as the health protocol asks');
   unknown.call.cancel();
-  // distinct names of 1 MB on both ports, each Watch cancelled at its first status
+  // distinct names of 1 MB on both ports, each Watch cancelled at its first status; the health
+  // port reads no message past HEALTH_MESSAGE_BYTES: refused unread there
   gc();
   const before = process.memoryUsage().heapUsed;
   const N = 40;
   for (let i = 0; i < N; i++) {
-    const port = i % 2 === 0 ? server.healthPort! : server.port;
-    const w = watch(port, String(i).padEnd(1 << 20, 'x'));
+    const onHealthPort = i % 2 === 0;
+    const w = watch(onHealthPort ? server.healthPort! : server.port, String(i).padEnd(1 << 20, 'x'));
     await until(() => w.statuses.length > 0 || w.ended() !== undefined, 'an answer');
-    assert.equal(w.statuses[0], 'SERVICE_UNKNOWN');
+    if (onHealthPort) {
+      assert.deepEqual(w.statuses, []);
+      assert.equal(w.ended(), grpcStatus.RESOURCE_EXHAUSTED);
+    } else assert.equal(w.statuses[0], 'SERVICE_UNKNOWN');
     w.call.cancel();
     w.client.close();
   }
+  // a name just within the bound is still answered there
+  const within = watch(server.healthPort!, 'y'.repeat(HEALTH_MESSAGE_BYTES - 16));
+  await until(() => within.statuses.length > 0 || within.ended() !== undefined, 'an answer');
+  assert.deepEqual(within.statuses, ['SERVICE_UNKNOWN']);
+  within.call.cancel();
   await new Promise((resolve) => setTimeout(resolve, 200));
   gc();
   const grown = process.memoryUsage().heapUsed - before;
