@@ -492,6 +492,14 @@ return written`;
  */
 const CHAINS_PER_READ = 100;
 
+/** The state of bounded reads that goes on from one call of readBounded() to the next. */
+interface BoundedReads {
+  /** Keys the next read asks for. */
+  size: number;
+  /** Keys that failed alone in a row. */
+  failedAlone: number;
+}
+
 /**
  * Reads block entries KEYS[…] as MGET would (workflows' `wf:` values too, readWorkflows()),
  * bounded: an entry longer than ARGV[1] bytes (longer than any decision message a replica sends,
@@ -2363,32 +2371,20 @@ export class RedisStateStore implements StateStore {
       'workflows',
     );
     await this.readWorkflows(newest);
-    // block entries other replicas recorded, best effort: read a bounded batch at a time (an
-    // entry can hold thousands of blocks). A read that fails (it outlasted the command timeout:
-    // large entries, a busy Redis or process) is made again with half as many keys, down to one,
-    // and the batch grows back as reads succeed; an entry that fails alone is counted and
-    // skipped, and after two such in a row (Redis itself is too slow) the rest are skipped
-    // unread, so a stuck Redis costs a handful of timeouts. The replica comes up without the
-    // skipped blocks (they come back with the next requests)
+    // block entries other replicas recorded, best effort: a bounded batch at a time (an entry can
+    // hold thousands of blocks), as readBounded() reads; the replica comes up without the skipped
+    // blocks (they come back with the next requests)
     let skipped = 0;
     let oversize = 0;
-    let size = CHAINS_PER_READ;
-    let failedAlone = 0;
+    const reads: BoundedReads = { size: CHAINS_PER_READ, failedAlone: 0 };
     for await (const keys of this.scan(this.key('chain', '*')))
-      for (let at = 0; at < keys.length;) {
-        if (failedAlone >= 2) {
-          skipped += keys.length - at;
-          break;
-        }
-        const batch = keys.slice(at, at + size);
-        let error: Error | undefined;
-        const answers = await this.readChainBatch(batch).catch((err: Error) => {
-          // a connection gone fails the resynchronisation, which is retried once it is back
-          if (this.cmd.status !== 'ready') throw err;
-          error = err;
-          return null;
-        });
-        if (answers !== null) {
+      skipped += await this.readBounded(
+        keys,
+        CHAINS_PER_READ,
+        this.maxMessageBytes,
+        'the block entries read',
+        reads,
+        (answers) => {
           // an entry longer than any replica writes is skipped unread (its length only)
           const values: Array<string | null> = [];
           for (const v of answers)
@@ -2397,17 +2393,8 @@ export class RedisStateStore implements StateStore {
               values.push(null);
             } else values.push(v);
           this.applyChains(values);
-          at += Math.max(1, answers.length);
-          failedAlone = 0;
-          size = Math.min(CHAINS_PER_READ, size * 2);
-        } else if (batch.length > 1) size = batch.length >>> 1;
-        else {
-          this.failed(error!, 'the block entries read');
-          skipped++;
-          at++;
-          failedAlone++;
-        }
-      }
+        },
+      );
     if (skipped > 0) {
       this.counters.chainsSkipped += skipped;
       this.host?.log(
@@ -2436,48 +2423,72 @@ export class RedisStateStore implements StateStore {
    */
   private async readWorkflows(ids: string[]): Promise<void> {
     const router = this.host!.router;
-    let size = WORKFLOWS_PER_READ;
-    let failedAlone = 0;
-    let skipped = 0;
-    for (let at = 0; at < ids.length;) {
-      if (failedAlone >= 2) {
-        skipped += ids.length - at;
-        break;
-      }
-      const batch = ids.slice(at, at + size);
-      let error: Error | undefined;
-      const answers = await this.readChainBatch(
-        batch.map((id) => this.key('wf', id)),
-        WORKFLOW_VALUE_MAX_BYTES,
-      ).catch((err: Error) => {
-        // a connection gone fails the resynchronisation, which is retried once it is back
-        if (this.cmd.status !== 'ready') throw err;
-        error = err;
-        return null;
-      });
-      if (answers !== null) {
+    let oversize = 0;
+    let skipped = await this.readBounded(
+      ids.map((id) => this.key('wf', id)),
+      WORKFLOWS_PER_READ,
+      WORKFLOW_VALUE_MAX_BYTES,
+      "the workflows' read",
+      { size: WORKFLOWS_PER_READ, failedAlone: 0 },
+      (answers, from) =>
         answers.forEach((v, i) => {
-          if (typeof v === 'number') return void skipped++;
+          if (typeof v === 'number') return void oversize++;
+          const id = ids[from + i];
           const e = v === null ? undefined : parseWorkflow(v);
-          if (e && batch[i] !== '') router.setWorkflowAffinity(batch[i], e.w, e.s);
+          if (e && id !== '') router.setWorkflowAffinity(id, e.w, e.s);
           else if (v !== null) this.counters.malformedMessages++;
-        });
-        at += Math.max(1, answers.length);
-        failedAlone = 0;
-        size = Math.min(WORKFLOWS_PER_READ, size * 2);
-      } else if (batch.length > 1) size = batch.length >>> 1;
-      else {
-        this.failed(error!, "the workflows' read");
-        skipped++;
-        at++;
-        failedAlone++;
-      }
-    }
+        }),
+    );
+    skipped += oversize;
     if (skipped === 0) return;
     this.counters.workflowsSkipped += skipped;
     this.host?.log(
       `state: ${skipped} ${skipped === 1 ? 'workflow' : 'workflows'} in redis could not be read (a value longer than any replica writes, ${WORKFLOW_VALUE_MAX_BYTES} bytes, or a read that timed out) and skipped (state.workflowsSkipped); read again on first sight`,
     );
+  }
+
+  /**
+   * Reads `keys` with READ_CHAINS (a value longer than `maxBytes` answered by its length), at most
+   * `perRead` at a time, handing each batch's answers to `take` with the index of its first key. A read that fails
+   * (it outlasted the command timeout: large values, a busy Redis or process) is made again with
+   * half as many keys, down to one, and the batch grows back as reads succeed; a key that fails
+   * alone is skipped, and after two such in a row (Redis itself is too slow) the rest are, so a
+   * stuck Redis costs a handful of timeouts. `reads` carries the batch size and the failures in a
+   * row from one call to the next (the pages of a SCAN). Returns the keys skipped. A connection
+   * gone fails the caller: the resynchronisation, retried once it is back.
+   */
+  private async readBounded(
+    keys: readonly string[],
+    perRead: number,
+    maxBytes: number,
+    what: string,
+    reads: BoundedReads,
+    take: (answers: Array<string | number | null>, from: number) => void,
+  ): Promise<number> {
+    let skipped = 0;
+    for (let at = 0; at < keys.length;) {
+      if (reads.failedAlone >= 2) return skipped + keys.length - at;
+      const batch = keys.slice(at, at + reads.size);
+      let error: Error | undefined;
+      const answers = await this.readChainBatch(batch, maxBytes).catch((err: Error) => {
+        if (this.cmd.status !== 'ready') throw err;
+        error = err;
+        return null;
+      });
+      if (answers !== null) {
+        take(answers, at);
+        at += Math.max(1, answers.length);
+        reads.failedAlone = 0;
+        reads.size = Math.min(perRead, reads.size * 2);
+      } else if (batch.length > 1) reads.size = batch.length >>> 1;
+      else {
+        this.failed(error!, what);
+        skipped++;
+        at++;
+        reads.failedAlone++;
+      }
+    }
+    return skipped;
   }
 
   /**
