@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { status as GrpcStatus } from '@grpc/grpc-js';
 import type { ProcessingRequest, ProcessingResponse, ProtocolConfiguration } from '../../src/epp/proto.js';
-import { startPickerWithClients, type ExtProcClient } from './harness.js';
+import { startPickerWithClients, streamEnd, type ExtProcClient } from './harness.js';
 
 // Envoy's body modes that take one answer per body message (STREAMED, BUFFERED) with
 // send_body_without_waiting_for_header_response: the picker has the whole body before it
@@ -113,31 +113,6 @@ test('an unchanged body in these modes passes as it came, every answer changing 
   }
 });
 
-/** Writes `messages` on one stream and resolves to its answers and status once the picker ends it. */
-function ended(
-  messages: ProcessingRequest[],
-): Promise<{ answers: ProcessingResponse[]; code: number; details: string }> {
-  const call = client.Process();
-  const answers: ProcessingResponse[] = [];
-  call.on('data', (m: ProcessingResponse) => answers.push(m));
-  return new Promise((resolve, reject) => {
-    const deadline = setTimeout(() => {
-      call.cancel();
-      reject(new Error('the picker did not end the stream within 10 s'));
-    }, 10_000);
-    const done = (code: number, details: string) => {
-      clearTimeout(deadline);
-      resolve({ answers, code, details });
-    };
-    call.on('error', (e: Error & { code: number; details: string }) => done(e.code, e.details));
-    call.on('status', (s: { code: number; details: string }) => {
-      if (s.code === GrpcStatus.OK) done(s.code, s.details);
-    });
-    call.on('end', () => {});
-    for (const m of messages) call.write(m);
-  });
-}
-
 test('in the modes whose body follows the header answer, a body message after the body ended ends the stream', async () => {
   const body = (text: string, end: boolean): ProcessingRequest => ({
     request_body: { body: Buffer.from(text), end_of_stream: end },
@@ -167,7 +142,7 @@ test('in the modes whose body follows the header answer, a body message after th
       ],
     ];
     for (const [name, messages, details] of cases) {
-      const out = await ended(messages);
+      const out = await streamEnd(client.Process(), messages);
       assert.equal(out.code, GrpcStatus.FAILED_PRECONDITION, `${mode}, ${name}: status ${out.code} ${out.details}`);
       assert.match(out.details, details, `${mode}, ${name}`);
       assert.equal(out.answers[0]?.response, 'request_headers', `${mode}, ${name}: routed first`);

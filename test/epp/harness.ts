@@ -4,6 +4,7 @@ import { after, before } from 'node:test';
 import {
   credentials,
   makeGenericClientConstructor,
+  status as GrpcStatus,
   type Client,
   type ClientDuplexStream,
   type ServerDuplexStream,
@@ -220,4 +221,48 @@ export function handlerCapturingPick(bodyLimit = 1 << 20): { call: Duplex; picke
   });
   handler(call as unknown as ServerDuplexStream<ProcessingRequest, ProcessingResponse>);
   return { call, picked: () => picked };
+}
+
+/** A stream's answers, the status it ended with, and how long it took (ms). */
+export interface StreamEnd {
+  answers: ProcessingResponse[];
+  code: number;
+  details: string;
+  ms: number;
+}
+
+/**
+ * Writes `messages` on `call` and resolves once the picker ends the stream (or, with
+ * `untilAnswer`, at its first answer, the stream cancelled then); rejects after 10 s.
+ */
+export function streamEnd<T>(
+  call: ClientDuplexStream<T, ProcessingResponse>,
+  messages: readonly T[],
+  untilAnswer = false,
+): Promise<StreamEnd> {
+  const start = Date.now();
+  const answers: ProcessingResponse[] = [];
+  return new Promise<StreamEnd>((resolve, reject) => {
+    const deadline = setTimeout(() => {
+      call.cancel();
+      reject(new Error('the picker did not end the stream within 10 s'));
+    }, 10_000);
+    const done = (code: number, details: string) => {
+      clearTimeout(deadline);
+      resolve({ answers, code, details, ms: Date.now() - start });
+    };
+    call.on('data', (m: ProcessingResponse) => {
+      answers.push(m);
+      if (untilAnswer) {
+        call.cancel();
+        done(GrpcStatus.OK, '');
+      }
+    });
+    call.on('error', (e: Error & { code: number; details: string }) => done(e.code, e.details));
+    call.on('status', (s: { code: number; details: string }) => {
+      if (s.code === GrpcStatus.OK) done(s.code, s.details);
+    });
+    call.on('end', () => {});
+    for (const m of messages) call.write(m);
+  });
 }

@@ -16,7 +16,7 @@ import {
   processingRequestSchema,
 } from '../../src/epp/wire-limits.js';
 import { EnvoyRole } from './envoy-role.js';
-import { startPickerFleet, type PickerFleet } from './harness.js';
+import { startPickerFleet, streamEnd, type PickerFleet } from './harness.js';
 import { until } from '../helpers/wait.js';
 
 // A ProcessingRequest's wire bytes are checked before protobufjs decodes them: a message whose
@@ -88,42 +88,6 @@ function nestedMetadata(levels: number): Buffer {
   return Buffer.concat([HEADERS, ld(8, ld(1, Buffer.concat([ld(1, Buffer.from('envoy.lb')), ld(2, struct)])))]);
 }
 
-interface Ended {
-  answers: ProcessingResponse[];
-  code: number;
-  details: string;
-  ms: number;
-}
-
-/** Sends `messages` on one stream and resolves once the picker ends it (or answers, for `untilAnswer`). */
-function exchange(messages: Buffer[], untilAnswer = false): Promise<Ended> {
-  const start = Date.now();
-  const call = client.Process();
-  const answers: ProcessingResponse[] = [];
-  return new Promise<Ended>((resolve, reject) => {
-    const deadline = setTimeout(() => {
-      call.cancel();
-      reject(new Error('the picker did not end the stream within 10 s'));
-    }, 10_000);
-    const done = (code: number, details: string) => {
-      clearTimeout(deadline);
-      resolve({ answers, code, details, ms: Date.now() - start });
-    };
-    call.on('data', (m: ProcessingResponse) => {
-      answers.push(m);
-      if (untilAnswer) {
-        call.cancel();
-        done(GrpcStatus.OK, '');
-      }
-    });
-    call.on('error', (e: Error & { code: number; details: string }) => done(e.code, e.details));
-    call.on('status', (s: { code: number; details: string }) => {
-      if (s.code === GrpcStatus.OK) done(s.code, s.details);
-    });
-    for (const m of messages) call.write(m);
-  });
-}
-
 async function outcomes(outcome: string): Promise<number> {
   const page = await fleet.gateways[0].metrics.metrics();
   const line = page.split('\n').find((l) => l.startsWith(`contextforge_epp_requests_total{outcome="${outcome}"} `));
@@ -140,7 +104,7 @@ async function stillServing(): Promise<void> {
 
 test('a subset hint of a million empty Values ends the stream RESOURCE_EXHAUSTED naming the limit, undecoded', async () => {
   const before = await outcomes('resource_exhausted');
-  const out = await exchange([emptyValuesHint(1_000_000)]);
+  const out = await streamEnd(client.Process(), [emptyValuesHint(1_000_000)]);
   assert.equal(out.code, GrpcStatus.RESOURCE_EXHAUSTED, `status ${out.code} ${out.details}`);
   assert.match(out.details, new RegExp(`more than ${MAX_MESSAGE_FIELDS} fields`));
   assert.equal(out.answers.length, 0);
@@ -149,11 +113,11 @@ test('a subset hint of a million empty Values ends the stream RESOURCE_EXHAUSTED
 });
 
 test('metadata nested deeper than MAX_MESSAGE_DEPTH ends the stream RESOURCE_EXHAUSTED naming the limit', async () => {
-  const out = await exchange([nestedMetadata(MAX_MESSAGE_DEPTH)]);
+  const out = await streamEnd(client.Process(), [nestedMetadata(MAX_MESSAGE_DEPTH)]);
   assert.equal(out.code, GrpcStatus.RESOURCE_EXHAUSTED, `status ${out.code} ${out.details}`);
   assert.match(out.details, new RegExp(`deeper than ${MAX_MESSAGE_DEPTH}`));
   // a few levels of JSON in metadata are read as before
-  const shallow = await exchange([nestedMetadata(10)], true);
+  const shallow = await streamEnd(client.Process(), [nestedMetadata(10)], true);
   assert.equal(shallow.code, GrpcStatus.OK);
   assert.ok(shallow.answers[0].request_headers, 'routed');
   await stillServing();
@@ -171,7 +135,7 @@ test('headers of more than MAX_NON_BODY_BYTES end the stream; a body chunk of mo
       },
     },
   });
-  const out = await exchange([big]);
+  const out = await streamEnd(client.Process(), [big]);
   assert.equal(out.code, GrpcStatus.RESOURCE_EXHAUSTED, `status ${out.code} ${out.details}`);
   assert.match(out.details, new RegExp(`more than ${MAX_NON_BODY_BYTES} bytes besides its body chunk`));
   // a body in one chunk of twice as much is routed
@@ -211,14 +175,14 @@ test('Envoy’s largest request headers (1,000) with a 4,096-endpoint subset hin
     },
   });
   assert.equal(checkWire(processingRequestSchema(), m), undefined);
-  const out = await exchange([m], true);
+  const out = await streamEnd(client.Process(), [m], true);
   assert.equal(out.code, GrpcStatus.OK, `status ${out.code} ${out.details}`);
   assert.ok(out.answers[0].request_headers, `routed, got ${out.answers[0].response}`);
 });
 
 test('a message that is not protobuf ends the stream INVALID_ARGUMENT, counted under its status', async () => {
   const before = await outcomes('invalid_argument');
-  const out = await exchange([Buffer.from([0xff, 0xff, 0xff])]);
+  const out = await streamEnd(client.Process(), [Buffer.from([0xff, 0xff, 0xff])]);
   assert.equal(out.code, GrpcStatus.INVALID_ARGUMENT, `status ${out.code} ${out.details}`);
   assert.match(out.details, /not a valid ProcessingRequest/);
   await until(async () => (await outcomes('invalid_argument')) === before + 1, 'the stream counted under its status');
@@ -253,7 +217,7 @@ test('the wire pass counts every field at every depth, and frames varints as pro
 test('a message over the receive limit, refused by gRPC itself, is counted under its status, not cancelled', async () => {
   const before = { exhausted: await outcomes('resource_exhausted'), cancelled: await outcomes('cancelled') };
   // the fleet's body limit is 16 MiB: the receive limit is that and 64 KiB
-  const out = await exchange([Buffer.alloc(17 << 20)]);
+  const out = await streamEnd(client.Process(), [Buffer.alloc(17 << 20)]);
   assert.equal(out.code, GrpcStatus.RESOURCE_EXHAUSTED, `status ${out.code} ${out.details}`);
   await until(
     async () => (await outcomes('resource_exhausted')) === before.exhausted + 1,
